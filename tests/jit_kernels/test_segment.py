@@ -1,8 +1,10 @@
 """unique_inverse / segment_sum against NumPy oracles (np.unique, np.add.at)."""
 import numpy as np
+import pytest
 from hypothesis import given, strategies as st
 
-from jit_kernels.segment import segment_sum, unique_inverse
+from jit_kernels import segment
+from jit_kernels.segment import gather_rows, segment_sum, unique_inverse
 
 I64 = np.iinfo(np.int64)
 EXTREMES = [I64.min, I64.max, -1, 0]
@@ -49,6 +51,24 @@ def test_unique_inverse_large_zipf_is_deterministic():
         uniq, inverse = unique_inverse(keys)
         np.testing.assert_array_equal(uniq, want_u)
         np.testing.assert_array_equal(inverse, want_inv)
+
+
+@pytest.mark.parametrize("parallel_min", [0, 1 << 40], ids=["parallel", "serial"])
+def test_unique_and_gather_paths_match_the_oracle(monkeypatch, parallel_min):
+    """Both drivers (lock-free parallel + renumbering; plain serial probing), with
+    extreme keys and keys that share low hash bits, and the spread that follows."""
+    monkeypatch.setattr(segment, "PARALLEL_MIN", parallel_min)
+    rng = np.random.default_rng(3)
+    keys = np.concatenate([rng.zipf(1.2, 30_000).astype(np.int64) << 40,
+                           np.array(EXTREMES * 5, np.int64), rng.integers(-9, 9, 500)])
+    rng.shuffle(keys)
+    uniq, inverse = unique_inverse(keys)
+    want_u, want_inv = naive_unique(keys)
+    np.testing.assert_array_equal(uniq, want_u)
+    np.testing.assert_array_equal(inverse, want_inv)
+    rows = rng.standard_normal((uniq.shape[0], 16)).astype(np.float32)
+    out = gather_rows(rows, inverse, np.empty((keys.shape[0], 16), np.float32))
+    np.testing.assert_array_equal(out, rows[want_inv])
 
 
 @given(keys_st, st.integers(1, 5), st.sampled_from([np.float32, np.float64]),

@@ -1,0 +1,87 @@
+"""Row arenas: growth in place and background page population (numbaemb._arena)."""
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from numbaemb import _arena
+from numbaemb._arena import POPULATOR, Column, arena_empty, arena_grow, prefault
+from numbaemb.shard import Shard
+from jit_kernels.initializers import NORMAL
+
+needs_populate = pytest.mark.skipif(POPULATOR.madvise is None,
+                                    reason="no madvise(MADV_POPULATE_WRITE) here (Linux 5.14+)")
+
+
+@needs_populate
+def test_prefault_keeps_rows_written_meanwhile():
+    """Populating pages while another thread writes rows there changes nothing."""
+    col = Column(arena_empty(1 << 16, 64, np.float32), None)
+    rows = np.arange(1 << 16, dtype=np.float32)[:, None] * np.ones(64, np.float32)
+    stop = threading.Event()
+
+    def writer():
+        while not stop.is_set():
+            col.data[:] = rows
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        for _ in range(5):
+            col.populated = 0                    # ask again for the same pages
+            assert prefault(col, 10) is not None
+            POPULATOR.wait()
+    finally:
+        stop.set()
+        t.join()
+    col.data[:] = rows
+    np.testing.assert_array_equal(col.data, rows)
+
+
+@needs_populate
+def test_prefault_runs_ahead_once_and_again_when_used_up():
+    col = Column(arena_empty(1 << 14, 64, np.float32), None)
+    first = prefault(col, 1000)
+    assert first is not None and first[0] <= 1000 * 256 and first[1] >= 1000 * 256 + _arena.PREFAULT_MIN
+    assert prefault(col, 1001) is None              # still far enough ahead
+    rows_used_up = col.populated // 256 - 10
+    second = prefault(col, rows_used_up)
+    assert second is not None and second[0] == first[1] and col.populated == second[1]
+    POPULATOR.wait()
+    assert POPULATOR.pending == 0
+
+
+def test_prefault_ignores_small_columns_and_copies():
+    small = Column(np.empty((10, 4), np.float32), None)
+    assert prefault(small, 5) is None
+    col = Column(arena_empty(1 << 16, 8, np.float32, reserve_bytes=0), None)
+    col.populated = 123
+    arena_grow(col, 1 << 16, 1 << 17)                # outgrew its mapping: a new one
+    assert col.populated == 0
+
+
+def test_shard_growth_with_prefault_keeps_every_row():
+    """Insert in batches (the arena grows and is populated ahead); rows stay exact."""
+    s = Shard(dim=64, dtype=np.float32, init=(NORMAL, 0.0, 1.0, 3, np.zeros(64)))
+    keys = np.random.default_rng(0).permutation(60_000).astype(np.int64) - 30_000
+    for part in np.array_split(keys, 12):
+        s.upsert(part, np.repeat(part[:, None].astype(np.float32), 64, axis=1))
+    POPULATOR.wait()
+    got_keys, got = s.export()
+    np.testing.assert_array_equal(np.sort(got_keys), np.sort(keys))
+    np.testing.assert_array_equal(got, np.repeat(got_keys[:, None].astype(np.float32), 64, axis=1))
+
+
+def test_prefault_can_be_switched_off():
+    code = ("from numbaemb._arena import POPULATOR, Column, arena_empty, prefault;"
+            "import numpy as np;"
+            "c = Column(arena_empty(1 << 16, 64, np.float32), None);"
+            "print(POPULATOR.madvise is None, prefault(c, 10))")
+    env = dict(os.environ, NUMBAEMB_PREFAULT="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+                             os.path.abspath(__file__)))))
+    assert out.stdout.split() == ["True", "None"]
