@@ -243,9 +243,11 @@ def _segment_sum_owned(values, inverse, out, n_threads):
 
 def gather_rows(rows, inverse, out):
     """``out[i] = rows[inverse[i]]`` (``rows`` (u, d), ``out`` (n, d)); returns ``out``.
-    Parallel from ``PARALLEL_MIN`` elements (65,536 x 64 floats: 0.36 ms on two
-    threads against 0.64 ms on one, 2-core VM)."""
-    if threads_for(inverse.shape[0], out.shape[1]) == 1:
+
+    Serial below ``PARALLEL_MIN`` ids: alone, 65,536 x 64 floats take 0.36 ms on
+    two threads against 0.64 ms on one (2-core VM), but inside a training step
+    the parallel copy took 3-6 ms (TensorFlow's pool threads still hold a core)."""
+    if threads_for(inverse.shape[0]) == 1:
         _gather_rows_serial(rows, inverse, out)
     else:
         _gather_rows(rows, inverse, out)

@@ -14,11 +14,10 @@ rows of 64 floats into three columns spent 3-4 ms faulting.  :func:`prefault`
 therefore asks the kernel, on a background thread, to populate the next pages
 of a growing column before any row lands there (``madvise(MADV_POPULATE_WRITE)``,
 Linux 5.14+: it maps pages without changing their contents, so rows written
-meanwhile are safe).  Without that call (other systems, old kernels) or with
+meanwhile are safe; called from a Numba ``nogil`` loop, so the thread does not
+hold the GIL while it works).  Without that call (other systems, old kernels) or with
 ``NUMBAEMB_PREFAULT=0`` nothing is done and pages fault in when written.
 """
-import ctypes
-import ctypes.util
 import mmap
 import os
 import queue
@@ -28,6 +27,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit, types
 
 from jit_kernels import cpu_table as k
 
@@ -130,25 +130,32 @@ def arena_grow(col, keep, rows):
 
 
 # ---- populating pages ahead of need, off the caller's thread ---------------------------------
-def _libc_madvise():
-    if not sys.platform.startswith("linux") or os.environ.get("NUMBAEMB_PREFAULT", "1") == "0":
-        return None
-    try:
-        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    fn.restype = ctypes.c_int
-    return fn
+_madvise = types.ExternalFunction("madvise", types.intc(types.uintp, types.uintp, types.intc))
+
+
+@njit(nogil=True, cache=True)
+def _populate(addr, nbytes, chunk, advice):
+    """``madvise(addr + k chunk, chunk, advice)`` over ``nbytes``, without the GIL;
+    0, or -1 at the first failure.  Short calls hold the kernel's mm lock briefly."""
+    off = 0
+    while off < nbytes:
+        n = min(chunk, nbytes - off)
+        if _madvise(addr + off, n, advice) != 0:
+            return -1
+        off += n
+    return 0
 
 
 class _Populator:
-    """One daemon thread that runs queued ``madvise(MADV_POPULATE_WRITE)`` calls (ctypes
-    releases the GIL around them).  A task holds its mapping, which therefore stays
-    mapped until the call returns."""
+    """One daemon thread that runs queued page population, GIL released for each whole
+    task (a Numba ``nogil`` loop calling ``madvise``).  A task holds its mapping, which
+    therefore stays mapped until the calls return.  Normal priority on purpose: the
+    thread takes the GIL between tasks, and a low-priority thread descheduled while
+    holding it would stall every ``tf.numpy_function`` of a training step."""
 
     def __init__(self):
-        self.madvise = _libc_madvise()
+        self.enabled = (sys.platform.startswith("linux")
+                        and os.environ.get("NUMBAEMB_PREFAULT", "1") != "0")
         self.tasks = queue.SimpleQueue()
         self.thread = None
         self.lock = threading.Lock()
@@ -156,7 +163,7 @@ class _Populator:
 
     def submit(self, mm, addr, nbytes):
         with self.lock:
-            if self.madvise is None:
+            if not self.enabled:
                 return False
             self.pending += 1
             if self.thread is None:
@@ -167,17 +174,10 @@ class _Populator:
         return True
 
     def _run(self):
-        try:                                 # lowest priority: use idle cores, not busy ones
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except (AttributeError, OSError):
-            pass
         while True:
             mm, addr, nbytes = self.tasks.get()
-            for off in range(0, nbytes, CHUNK):   # short calls: the mm lock is held briefly
-                fn = self.madvise
-                if fn is not None and fn(addr + off, min(CHUNK, nbytes - off),
-                                         MADV_POPULATE_WRITE):
-                    self.madvise = None      # EINVAL: kernel without it; stop trying
+            if self.enabled and _populate(addr, nbytes, CHUNK, MADV_POPULATE_WRITE):
+                self.enabled = False         # EINVAL: a kernel without it; stop trying
             del mm
             with self.lock:
                 self.pending -= 1
@@ -202,7 +202,7 @@ def prefault(col, rows_in_use):
     True
     """
     mm = _mapping(col.data)
-    if mm is None or POPULATOR.madvise is None:
+    if mm is None or not POPULATOR.enabled:
         return None
     in_use = int(rows_in_use) * col.data.shape[1] * col.data.itemsize
     ahead = min(PREFAULT_MAX, max(PREFAULT_MIN, in_use // 16))
