@@ -49,12 +49,6 @@ op's time minus the time spent inside its Python function (GIL, numpy views
 of the inputs, tensors of the outputs).  Ops may overlap on two cores, so the
 pieces need not add up to the step.  The machine is shared: numbers are wall
 times under the load printed below; compare the ratios of one run.
-
-The "fused layer" row (shown while ``de.keras.layers.Embedding`` does not use
-it yet) is the same layer with its dense-ids path replaced by
-``tf_bridge.lookup.unique_lookup`` (one numpy_function: Numba unique, each
-distinct id looked up once, rows spread; no ``tf.unique`` / ``tf.gather``):
-a proposed change to ``tf_bridge/keras_layers.py``, measured here.
 """
 import argparse
 import collections
@@ -89,7 +83,6 @@ def parse_args(argv=None):
     ap.add_argument("--predict-steps", type=int, default=30, help="timed predict batches")
     ap.add_argument("--profile-steps", type=int, default=20, help="steps of the breakdown run")
     ap.add_argument("--no-stock", action="store_true", help="skip the stock layer")
-    ap.add_argument("--no-fused", action="store_true", help="skip the fused-layer row")
     ap.add_argument("--no-breakdown", action="store_true", help="skip the breakdown run")
     ap.add_argument("--rowwise", action="store_true",
                     help="tf.data: slices of rows + .batch(16384) instead of whole batches")
@@ -127,38 +120,6 @@ def dataset(x, y, rowwise):
 
 
 # ---- models ---------------------------------------------------------------------------
-def fused_layer_class():
-    """``de.keras.layers.Embedding`` whose dense-ids path is ``unique_lookup`` (proposed)."""
-    import tensorflow as tf
-    import tf_bridge as de
-    from tf_bridge import mode
-    from tf_bridge.lookup import unique_lookup
-    from tf_bridge.variable import as_ids
-
-    class FusedEmbedding(de.keras.layers.Embedding):
-        def call(self, inputs, training=None):
-            if isinstance(inputs, (tf.SparseTensor, tf.RaggedTensor)):
-                return super().call(inputs, training)
-            ids = as_ids(inputs, "inputs")
-            train = training is not False and mode.is_training() and self.trainable
-            emb = unique_lookup(self.params, ids, tf.convert_to_tensor(self.handle)
-                                if train else None)
-            if self.max_norm is not None:
-                emb = tf.clip_by_norm(emb, self.max_norm, axes=[-1])
-            return self._combine(emb)
-
-    return FusedEmbedding
-
-
-def layer_uses_unique_lookup():
-    """True when the layer already uses ``unique_lookup`` (or the tree has none)."""
-    import inspect
-
-    import tf_bridge.keras_layers as kl
-    import tf_bridge.lookup as lk
-    return not hasattr(lk, "unique_lookup") or "unique_lookup" in inspect.getsource(kl)
-
-
 def build(kind, name):
     import keras
     import tf_bridge as de
@@ -167,8 +128,7 @@ def build(kind, name):
         emb = keras.layers.Embedding(VOCAB, DIM, name=f"{name}_emb")
         opt = keras.optimizers.Adam(1e-3)
     else:
-        cls = fused_layer_class() if kind == "fused" else de.keras.layers.Embedding
-        emb = cls(DIM, name=f"{name}_emb")
+        emb = de.keras.layers.Embedding(DIM, name=f"{name}_emb")
         opt = de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(1e-3))
     out = keras.layers.Dense(1, activation="sigmoid")(keras.layers.Flatten()(emb(inp)))
     model = keras.Model(inp, out, name=name)
@@ -378,14 +338,10 @@ def breakdown_rows(mine, ops, fn_ms, step_ms):
 
     pyfunc = {k: v for k, v in ops.items() if k.endswith(":PyFunc") or
               k.endswith(":EagerPyFunc")}
-    add("forward: tf.unique (TF op; the fused layer has none)",
-        op_ms(lambda k: k.endswith(":Unique")))
     for label in ("forward: unique (Numba)",
                   "forward: table lookup (probe + initial rows of absent ids)",
                   "forward: spread rows to positions (Numba)"):
         add(label, mine.get(label, 0.0))
-    add("forward: tf.gather spread (TF op; the fused layer has none)",
-        op_ms(lambda k: k.endswith(":GatherV2") and "emb" in k))
     add("backward: segment-sum per distinct id (Numba)",
         mine.get("backward: segment-sum per distinct id (Numba)", 0.0))
     apply_labels = ("apply: unique + segment-sum (skipped if keys distinct)",
@@ -399,8 +355,7 @@ def breakdown_rows(mine, ops, fn_ms, step_ms):
         max(0.0, apply_py - sum(mine.get(label, 0.0) for label in apply_labels)))
     py_ms = sum(v for k, v in mine.items() if k.startswith("py:"))
     handoff = max(0.0, sum(pyfunc.values()) - py_ms)
-    other = op_ms(lambda k: k not in pyfunc and not k.endswith(":Unique")
-                  and not (k.endswith(":GatherV2") and "emb" in k))
+    other = op_ms(lambda k: k not in pyfunc)
     add("TF graph: every other op (dense layer, loss, dense Adam, ...)", other)
     add("hand-off: tf.numpy_function in/out (op time - Python time)", handoff)
     add("Keras loop outside the graph (step - function time)", max(0.0, step_ms - fn_ms))
@@ -450,7 +405,6 @@ def main(argv=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.bfc:
         os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
-    import numpy as np
     import tensorflow as tf
     if args.intra_op:
         tf.config.threading.set_intra_op_parallelism_threads(args.intra_op)
@@ -461,8 +415,6 @@ def main(argv=None):
 
     load_before = " / ".join(f"{v:.2f}" for v in os.getloadavg())
     kinds = ["numbaemb"]
-    if not args.no_fused and not layer_uses_unique_lookup():
-        kinds.append("fused")
     if not args.no_stock:
         kinds.append("stock")
     need = args.warmup + args.repeats * max(args.steps, args.stock_steps)
@@ -502,7 +454,6 @@ def main(argv=None):
 
     names = {"numbaemb":
              "numbaemb: de.keras.layers.Embedding(64) + DynamicEmbeddingOptimizer(Adam)",
-             "fused": "numbaemb, fused layer (proposed keras_layers change, see below)",
              "stock": "stock: keras.layers.Embedding(1_000_000, 64) + Adam"}
     for k in kinds:
         r = runners[k]
@@ -514,7 +465,6 @@ def main(argv=None):
                  f"{vs(TFRA_TRAIN, stock)} ({vs(TFRA_TRAIN, STOCK_QUOTED)} of the quoted "
                  f"{fmt_rate(STOCK_QUOTED)}) | 1.0x | n/a |")
     ours = rate["numbaemb"]
-    best = max(rate[k] for k in kinds if k != "stock")
     handoff_share = None
     if bd:
         rows, handoff, _, _ = breakdown_rows(*bd["numbaemb"])
@@ -525,9 +475,8 @@ def main(argv=None):
 
     targets = [
         f"train >= {fmt_rate(TARGET_TRAIN)} ids/s: {verdict(ours >= TARGET_TRAIN)} "
-        f"({ours / TARGET_TRAIN:.0%} of target"
-        + (f"; fused layer {best / TARGET_TRAIN:.0%})" if "fused" in kinds else ")"),
-        f"train > 20x stock: " + (f"{verdict(ours > 20 * stock)} ({ours / stock:.1f}x)"
+        f"({ours / TARGET_TRAIN:.0%} of target)",
+        "train > 20x stock: " + (f"{verdict(ours > 20 * stock)} ({ours / stock:.1f}x)"
                                   if stock else "n/a (stock skipped)"),
         f"train > 5x TFRA (quoted 1.1M): {verdict(ours > 5 * TFRA_TRAIN)} "
         f"({ours / TFRA_TRAIN:.1f}x)",

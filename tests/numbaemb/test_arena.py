@@ -12,8 +12,16 @@ from numbaemb._arena import POPULATOR, Column, arena_empty, arena_grow, prefault
 from numbaemb.shard import Shard
 from jit_kernels.initializers import NORMAL
 
-needs_populate = pytest.mark.skipif(not POPULATOR.enabled,
-                                    reason="no madvise(MADV_POPULATE_WRITE) here (Linux 5.14+)")
+needs_populate = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                    reason="madvise(MADV_POPULATE_WRITE) is Linux's")
+
+
+@pytest.fixture(autouse=True)
+def populate_on(monkeypatch):
+    """Prefaulting is opt-in (NUMBAEMB_PREFAULT=1): switched on for these tests."""
+    monkeypatch.setattr(POPULATOR, "enabled", sys.platform.startswith("linux"))
+    yield
+    POPULATOR.wait()
 
 
 @needs_populate
@@ -75,13 +83,19 @@ def test_shard_growth_with_prefault_keeps_every_row():
     np.testing.assert_array_equal(got, np.repeat(got_keys[:, None].astype(np.float32), 64, axis=1))
 
 
-def test_prefault_can_be_switched_off():
+LINUX = sys.platform.startswith("linux")
+
+
+@pytest.mark.parametrize("flag,want", [("0", False), (None, False), ("1", LINUX)])
+def test_prefault_is_opt_in(flag, want):
     code = ("from numbaemb._arena import POPULATOR, Column, arena_empty, prefault;"
             "import numpy as np;"
             "c = Column(arena_empty(1 << 16, 64, np.float32), None);"
-            "print(POPULATOR.enabled, prefault(c, 10))")
-    env = dict(os.environ, NUMBAEMB_PREFAULT="0")
+            "print(POPULATOR.enabled, prefault(c, 10) is not None)")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBAEMB_PREFAULT"}
+    if flag is not None:
+        env["NUMBAEMB_PREFAULT"] = flag
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(
                              os.path.abspath(__file__)))))
-    assert out.stdout.split() == ["False", "None"]
+    assert out.stdout.split() == [str(want), str(want)]
