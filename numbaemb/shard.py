@@ -19,7 +19,7 @@ import numpy as np
 from jit_kernels import cpu_table as k
 from jit_kernels.slots import empty_slots
 
-from ._arena import Column, arena_empty, arena_grow, prefault
+from ._arena import Column, arena_empty, arena_grow, populate, prefault
 
 MAX_LOAD = 0.75      # grow when full + tombstone slots would pass this fraction
 MIN_CAPACITY = 16
@@ -83,6 +83,7 @@ class Shard(IndexedRows):
         self.fresh = 0            # rows [0, fresh) have been handed out at least once
         for col in self.columns.values():
             col.data = arena_empty(self._init_size, col.data.shape[1], col.data.dtype)
+            populate(col.data)    # rows asked for up front: fault their pages in now
 
     def nbytes(self):
         """Bytes held by the index, columns and free list."""
@@ -94,6 +95,8 @@ class Shard(IndexedRows):
         if name in self.columns:
             raise ValueError(f"column {name!r} already exists")
         data = arena_empty(self.values.shape[0], width, dtype)
+        if self._init_size:
+            populate(data)
         self.columns[name] = Column(data, init)
         keys, rows = self.export_rows()
         k.init_rows(data, rows, keys, np.ones(keys.shape[0], np.bool_), *init)

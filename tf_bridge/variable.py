@@ -163,7 +163,8 @@ class Variable(tf.__internal__.tracking.Trackable):
         (see :mod:`tf_bridge.initializers`) or any callable ``f(shape, dtype)``.
       trainable: False makes lookups plain reads (no gradient).
       checkpoint: whether checkpoints save the table.
-      init_size: keys to make room for up front.
+      init_size: keys to make room for up front (index and rows allocated and their
+        pages faulted in at creation: see ``numbaemb.Variable``).
       kv_creator: must be None (no other backends).
       restrict_policy: None or a policy class (``de.TimestampRestrictPolicy``,
         ``de.FrequencyRestrictPolicy``); ``restrict`` then bounds the size.

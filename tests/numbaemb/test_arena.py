@@ -99,3 +99,38 @@ def test_prefault_is_opt_in(flag, want):
                          check=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(
                              os.path.abspath(__file__)))))
     assert out.stdout.split() == [str(want), str(want)]
+
+
+def test_init_size_faults_rows_in_up_front_and_the_table_works():
+    """init_size: rows of every column are populated at creation (RSS grows by about
+    init_size x row bytes), the table is still empty and behaves as one."""
+    import numbaemb as ne
+    from numbaemb import optimizers as opt
+
+    def rss():                               # resident bytes now (Linux), else None
+        try:
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except OSError:
+            return None
+
+    before = rss()
+    v = ne.Variable(dim=64, init_size=200_000)
+    if before is not None:
+        assert rss() - before >= 0.8 * 200_000 * 64 * 4     # the value column, at least
+    assert v.size() == 0
+    keys = np.array([np.iinfo(np.int64).min, -1, 0, np.iinfo(np.int64).max])
+    assert not v.lookup(keys, return_exists=True)[1].any()
+    opt.apply_gradients(v, opt.Adam(0.1), keys, np.ones((4, 64), np.float32), step=1)
+    assert v.size() == 4
+    np.testing.assert_allclose(v.lookup(keys), -0.1, rtol=1e-5)    # zeros - lr * sign
+    v.clear()
+    assert v.size() == 0
+
+
+def test_populate_small_and_plain_arrays():
+    from numbaemb._arena import populate
+    a = np.ones((10, 4), np.float32)          # not a mapping: written with zeros
+    populate(a)
+    assert not a.any()
+    populate(np.empty((0, 4), np.float32))
