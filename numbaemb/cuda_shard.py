@@ -133,25 +133,14 @@ class CudaShard(IndexedRows):
             k.init_rows(data, rows, keys, ones, *col.init)
 
     # ---- capacity -------------------------------------------------------------------
-    def _reserve(self, keys):
-        """Make room for every absent key of ``keys``; returns the bound used."""
-        n_new = keys.shape[0]
-        if self.n_full + self.n_deleted + n_new > MAX_LOAD * self.capacity:
-            n_new = k.find_rows(self.slots, self.mask, keys,
-                                self._scratch.array("probe", n_new, np.int64), self._scratch)
-            if self.n_full + self.n_deleted + n_new > MAX_LOAD * self.capacity:
-                self._rehash(self.n_full + n_new)
-        self._reserve_rows(n_new)
-        return n_new
+    def _count_absent(self, keys):
+        return k.find_rows(self.slots, self.mask, keys,
+                           self._scratch.array("probe", keys.shape[0], np.int64), self._scratch)
 
-    def _rehash(self, n_keys):
-        cap = _index_capacity(n_keys)
-        if cap > self.capacity:
-            cap = max(cap, 2 * self.capacity)
+    def _rehashed(self, cap):
         new = k.device_empty_slots(cap)
         k.rehash(self.slots, new, cap - 1)
-        self.slots = new
-        self.n_deleted = 0
+        return new
 
     def _reserve_rows(self, n_new):
         need = self.fresh + max(0, n_new - self.n_free)

@@ -54,6 +54,25 @@ class IndexedRows:
     def values(self):
         return self.columns["values"].data
 
+    # ---- capacity (shared; subclasses provide _count_absent, _rehashed, _reserve_rows) ----
+    def _reserve(self, keys):
+        """Make room for every absent key of ``keys``; returns the bound used."""
+        n_new = keys.shape[0]
+        if self.n_full + self.n_deleted + n_new > MAX_LOAD * self.capacity:
+            n_new = self._count_absent(keys)
+            if self.n_full + self.n_deleted + n_new > MAX_LOAD * self.capacity:
+                self._rehash(self.n_full + n_new)
+        self._reserve_rows(n_new)
+        return n_new
+
+    def _rehash(self, n_keys):
+        """Index with room for ``n_keys`` (at least double the old one when it grows)."""
+        cap = _index_capacity(n_keys)
+        if cap > self.capacity:
+            cap = max(cap, 2 * self.capacity)
+        self.slots = self._rehashed(cap)
+        self.n_deleted = 0
+
 
 class Shard(IndexedRows):
     """Hash index plus row arena.
@@ -102,24 +121,13 @@ class Shard(IndexedRows):
         k.init_rows(data, rows, keys, np.ones(keys.shape[0], np.bool_), *init)
 
     # ---- capacity ----------------------------------------------------------------
-    def _reserve(self, keys):
-        """Make room for every absent key of ``keys``; returns the bound used."""
-        n_new = keys.shape[0]
-        if self.n_full + self.n_deleted + n_new > MAX_LOAD * self.capacity:
-            n_new = k.find_rows(self.slots, self.mask, keys, np.empty(n_new, np.int64))
-            if self.n_full + self.n_deleted + n_new > MAX_LOAD * self.capacity:
-                self._rehash(self.n_full + n_new)
-        self._reserve_rows(n_new)
-        return n_new
+    def _count_absent(self, keys):
+        return k.find_rows(self.slots, self.mask, keys, np.empty(keys.shape[0], np.int64))
 
-    def _rehash(self, n_keys):
-        cap = _index_capacity(n_keys)
-        if cap > self.capacity:
-            cap = max(cap, 2 * self.capacity)
+    def _rehashed(self, cap):
         new = empty_slots(cap)
         k.rehash(self.slots, new, cap - 1)
-        self.slots = new
-        self.n_deleted = 0
+        return new
 
     def _reserve_rows(self, n_new):
         need = self.fresh + max(0, n_new - self.free_rows.shape[0])
