@@ -219,7 +219,7 @@ def profile_find_or_insert(var, keys, snap, repeats):
         t = [_clock()]
         shard._reserve(flat)
         t.append(_clock())
-        rows, inserted = _insert_no_reserve(shard, flat)
+        rows, inserted = shard._insert_reserved(flat)
         t.append(_clock())
         shard._init_new(rows, flat, inserted)
         t.append(_clock())
@@ -232,18 +232,6 @@ def profile_find_or_insert(var, keys, snap, repeats):
                                   t, t[1:]):
                 phases.setdefault(name, []).append((b - a) * 1e3)
     return {k: statistics.median(v) for k, v in phases.items()}
-
-
-def _insert_no_reserve(shard, keys):
-    from jit_kernels import cpu_table as k
-    n = keys.shape[0]
-    rows = np.empty(n, np.int64)
-    inserted = np.empty(n, np.bool_)
-    alloc = np.zeros(1, np.int64)
-    k.find_or_insert_rows(shard.slots, shard.mask, keys, rows, inserted, alloc,
-                          shard.free_rows, shard.free_rows.shape[0], shard.fresh)
-    shard._take_rows(int(alloc[0]))
-    return rows, inserted
 
 
 # ---------------------------------------------------------------------------------

@@ -36,6 +36,8 @@ class CudaShard(IndexedRows):
         s.size, new.copy_to_host().tolist()      # (2, [True, False, True])
     """
 
+    _kernels = k
+
     def __init__(self, dim, dtype, init, init_size=0, device=0, max_hbm_bytes=None):
         self.cuda = k.cuda_api()
         self.device = int(device)
@@ -174,11 +176,6 @@ class CudaShard(IndexedRows):
                                self.n_free, self.fresh, self._scratch)
         self._take_rows(handed)
         return rows, inserted
-
-    def _init_new(self, rows, keys, inserted, skip=()):
-        for name, col in self.columns.items():
-            if name not in skip:
-                k.init_rows(col.data, rows, keys, inserted, *col.init)
 
     # ---- operations -------------------------------------------------------------------
     def lookup(self, keys, out, exists):
