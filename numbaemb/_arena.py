@@ -10,8 +10,13 @@ mapping, in parallel.
 The first write to a fresh page costs a page fault: on the 2-core VM this was
 measured on, 2 us per 4 KiB page and about 2 ms per 2 MiB huge page (the
 kernel compacts memory to find one), so a training step that inserts 4,000
-rows of 64 floats into three columns spent 3-4 ms faulting.  :func:`prefault`
-can have :func:`prefault` ask the kernel, on a background thread, to populate
+rows of 64 floats into three columns spent 3-4 ms faulting.  Huge pages
+(``MADV_HUGEPAGE``) are therefore asked for only over rows populated up front
+(:func:`populate`, a table's ``init_size``), where they save TLB misses on
+random rows (Adam step 1.87 vs 2.22 ms, 1M rows); rows that a growing table
+faults in as it trains stay in 4 KiB pages (the benchmark's id stream, steps
+60-100: initial rows of new ids 1.1-1.3 vs 2.5 ms a step with huge pages).
+:func:`prefault` can ask the kernel, on a background thread, to populate
 the next pages of a growing column before any row lands there
 (``madvise(MADV_POPULATE_WRITE)``, Linux 5.14+: it maps pages without changing
 their contents, so rows written meanwhile are safe; called from a Numba
@@ -55,10 +60,14 @@ class Column:
     populated: int = 0
 
 
-def _advise(mm):
-    if hasattr(mmap, "MADV_HUGEPAGE"):      # big pages: fewer TLB misses on random rows
+def _advise_huge(mm, nbytes):
+    """Ask for big (2 MiB) pages over the first ``nbytes`` of ``mm``: fewer TLB misses on
+    random rows.  Only for memory populated up front (:func:`populate`): a huge page
+    that a training step faults in costs far more than 4 KiB pages (see above)."""
+    if hasattr(mmap, "MADV_HUGEPAGE") and nbytes > 0:
+        length = min(len(mm), -(-int(nbytes) // mmap.PAGESIZE) * mmap.PAGESIZE)
         try:
-            mm.madvise(mmap.MADV_HUGEPAGE)
+            mm.madvise(mmap.MADV_HUGEPAGE, 0, length)
         except (OSError, ValueError):
             pass
 
@@ -92,7 +101,6 @@ def arena_empty(rows, width, dtype, reserve_bytes=None):
         mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | noreserve)
     except OSError:                          # address space is limited: map what is asked
         mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
-    _advise(mm)
     return np.frombuffer(mm, dtype, count=count).reshape(rows, width)
 
 
@@ -164,7 +172,10 @@ def populate(a):
     """
     if a.size == 0:
         return
-    if not (sys.platform.startswith("linux") and _mapping(a) is not None
+    mm = _mapping(a)
+    if mm is not None:
+        _advise_huge(mm, a.nbytes)
+    if not (sys.platform.startswith("linux") and mm is not None
             and _populate(a.ctypes.data, a.nbytes, CHUNK, MADV_POPULATE_WRITE) == 0):
         a.fill(0)                            # portable: write every page
 
