@@ -417,7 +417,7 @@ def main(argv=None):
         tf.config.threading.set_intra_op_parallelism_threads(args.intra_op)
     if args.inter_op:
         tf.config.threading.set_inter_op_parallelism_threads(args.inter_op)
-    import tf_bridge as de  # noqa: F401  (numbaemb's threading defaults apply from here)
+    import tf_bridge  # noqa: F401  (numbaemb's threading defaults apply from here)
     from tf_bridge import dlpack
 
     load_before = " / ".join(f"{v:.2f}" for v in os.getloadavg())
@@ -497,7 +497,7 @@ def main(argv=None):
     print("\n".join(lines))
     print()
     print("Targets: " + "; ".join(targets) + ".")
-    print(f"Copies at the TF hand-off (arrays re-aligned) during the timed steps: "
+    print("Copies at the TF hand-off (arrays re-aligned) during the timed steps: "
           + ", ".join(f"{k} {v}" for k, v in copies.items() if k != "stock") + ".")
     if bd:
         for k, (mine, ops, fn_ms, step_ms) in bd.items():

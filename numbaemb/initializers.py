@@ -9,7 +9,7 @@ the ``(kind, a, b, seed, const)`` tuple the kernels take.  An initializer's own
 >>> v.lookup(np.array([7])).tolist()
 [[0.5, 0.5, 0.5]]
 """
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Optional, Tuple
 
 import numpy as np

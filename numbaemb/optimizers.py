@@ -22,7 +22,6 @@ from dataclasses import dataclass, fields
 import numba
 import numpy as np
 
-from jit_kernels import cpu_table as _table_kernels
 from jit_kernels import optimizers as _k
 from jit_kernels.segment import segment_sum, unique_inverse
 
@@ -272,26 +271,12 @@ def apply_gradients(variable, optimizer, ids, grads, *, step, learning_rate=None
             if init_vals is None:
                 rows, _ = shard.find_or_insert(k)
             else:
-                rows = _insert_with(shard, k, init_vals if pos is None else init_vals[pos],
-                                    init_ok if pos is None else init_ok[pos])
+                rows = shard.find_or_insert_with(k, init_vals if pos is None else init_vals[pos],
+                                                 init_ok if pos is None else init_ok[pos])
             cols = {name: shard.columns[optimizer.column(name)].data
                     for name, _ in optimizer.slots()}
             optimizer._update(shard.values, cols, rows, sums if pos is None else sums[pos],
                               lr, step)
-
-
-def _insert_with(shard, keys, values, valid):
-    """Rows of ``keys`` in ``shard``, inserting absent ones: weights ``values[i]`` where
-    ``valid[i]``, else the initializer's; slots (every other column) their initial values."""
-    rows, inserted = shard._insert(keys)
-    shard._init_new(rows, keys, inserted, skip=("values",))
-    take = inserted & valid
-    draw = inserted & ~valid
-    if draw.any():
-        _table_kernels.init_rows(shard.values, rows, keys, draw, *shard.columns["values"].init)
-    if take.any():
-        _k.set_rows_where(shard.values, rows, values, take)
-    return rows
 
 
 def _add_slot_columns(variable, optimizer):

@@ -17,6 +17,7 @@ import numba
 import numpy as np
 
 from jit_kernels import cpu_table as k
+from jit_kernels.optimizers import set_rows_where
 from jit_kernels.slots import empty_slots
 
 from ._arena import POPULATOR, Column, arena_empty, arena_grow, populate, populate_rows, prefault
@@ -207,6 +208,28 @@ class Shard(IndexedRows):
             self._init_new(rows, keys, inserted, skip=("values",))
             k.init_gather(self.values, rows, keys, inserted, out, *self.columns["values"].init)
         return rows, inserted
+
+    def find_or_insert_with(self, keys, values, valid):
+        """Rows of ``keys``, inserting absent ones with weights ``values[i]`` (shape
+        ``(n, dim)``) where ``valid[i]``, else their initial values; the other columns
+        (optimizer slots) get their initial values.  Present keys are left alone.
+
+        >>> from jit_kernels.initializers import CONSTANT
+        >>> s = Shard(dim=1, dtype=np.float32, init=(CONSTANT, 0.0, 0.0, 0, np.array([9.0])))
+        >>> rows = s.find_or_insert_with(np.array([1, 2]), np.array([[5.0], [6.0]], np.float32),
+        ...                              np.array([True, False]))
+        >>> s.values[rows].ravel().tolist()
+        [5.0, 9.0]
+        """
+        rows, inserted = self._insert(keys)
+        self._init_new(rows, keys, inserted, skip=("values",))
+        draw = inserted & ~valid
+        take = inserted & valid
+        if draw.any():
+            k.init_rows(self.values, rows, keys, draw, *self.columns["values"].init)
+        if take.any():
+            set_rows_where(self.values, rows, values, take)
+        return rows
 
     def upsert(self, keys, values):
         """Assign ``values`` (n, dim); for a repeated key the last one wins."""

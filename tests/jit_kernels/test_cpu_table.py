@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as npst
 
 from jit_kernels import cpu_table as k
 from jit_kernels.initializers import CONSTANT, NORMAL, init_row
