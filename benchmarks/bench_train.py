@@ -358,7 +358,7 @@ def breakdown_rows(mine, ops, fn_ms, step_ms):
     for label in apply_labels:
         add(label, mine.get(label, 0.0))
     apply_py = sum(v for k, v in mine.items() if k.startswith("py:") and k.endswith("_apply"))
-    add("apply: the rest (locks, table growth, populating new pages, copies, checks)",
+    add("apply: the rest (locks, table growth, copies, checks)",
         max(0.0, apply_py - sum(mine.get(label, 0.0) for label in apply_labels)))
     py_ms = sum(v for k, v in mine.items() if k.startswith("py:"))
     handoff = max(0.0, sum(pyfunc.values()) - py_ms)

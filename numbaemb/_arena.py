@@ -16,16 +16,13 @@ rows of 64 floats into three columns spent 3-4 ms faulting.  Huge pages
 random rows (Adam step 1.87 vs 2.22 ms, 1M rows); rows that a growing table
 faults in as it trains stay in 4 KiB pages (the benchmark's id stream, steps
 60-100: initial rows of new ids 1.1-1.3 vs 2.5 ms a step with huge pages).
-A growing column's next pages are populated in bulk just before its new
-rows are written (:func:`populate_rows`: one ``madvise`` per 2 MiB instead of
-a fault per page, about 25% cheaper here).  With ``NUMBAEMB_PREFAULT=1``,
-:func:`prefault` instead asks the kernel, on a background thread, to populate
+:func:`prefault` can ask the kernel, on a background thread, to populate
 the next pages of a growing column before any row lands there
 (``madvise(MADV_POPULATE_WRITE)``, Linux 5.14+: it maps pages without changing
 their contents, so rows written meanwhile are safe; called from a Numba
 ``nogil`` loop, so the thread does not hold the GIL while it works).
 
-The background thread is off unless ``NUMBAEMB_PREFAULT=1`` is set before import.  Measured on
+It is off unless ``NUMBAEMB_PREFAULT=1`` is set before import.  Measured on
 the 2-core VM, 200 steps of the Keras benchmark's id stream: in a plain numpy
 training loop it cut the optimizer step from 3.9-4.6 to 2.9 ms (mean); inside
 a TensorFlow training step the faults left the step but the background work
@@ -181,37 +178,6 @@ def populate(a):
     if not (sys.platform.startswith("linux") and mm is not None
             and _populate(a.ctypes.data, a.nbytes, CHUNK, MADV_POPULATE_WRITE) == 0):
         a.fill(0)                            # portable: write every page
-
-
-_SYNC = {"ok": sys.platform.startswith("linux")}   # cleared if the kernel refuses
-POPULATE_STEP = 64 << 10    # populate_rows rounds up to this many bytes
-
-
-def populate_rows(col, rows):
-    """Fault in, now and in bulk, the pages of column ``col`` (a :class:`Column`) up to
-    row ``rows`` that are not yet populated: one ``madvise(MADV_POPULATE_WRITE)`` per
-    2 MiB instead of one page fault per 4 KiB page when a kernel writes the rows
-    (2.4 vs 3.2 ms per 6 MB on the 2-core VM).  Contents never change.  Returns the
-    byte range populated, or None (nothing new, not an arena, not Linux 5.14+).
-
-    >>> col = Column(arena_empty(1 << 16, 64, np.float32), None)
-    >>> r = populate_rows(col, 1000)
-    >>> r is None or (r[0] == 0 and r[1] >= 1000 * 256 and col.populated == r[1])
-    True
-    """
-    mm = _mapping(col.data)
-    if mm is None or not _SYNC["ok"]:
-        return None
-    need = int(rows) * col.data.shape[1] * col.data.itemsize
-    if need <= col.populated:
-        return None
-    start = col.populated // mmap.PAGESIZE * mmap.PAGESIZE
-    stop = min(len(mm), -(-need // POPULATE_STEP) * POPULATE_STEP)
-    if _populate(col.data.ctypes.data + start, stop - start, CHUNK, MADV_POPULATE_WRITE):
-        _SYNC["ok"] = False                  # EINVAL: a kernel without it; stop trying
-        return None
-    col.populated = stop
-    return start, stop
 
 
 class _Populator:

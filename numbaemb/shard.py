@@ -20,7 +20,7 @@ from jit_kernels import cpu_table as k
 from jit_kernels.optimizers import set_rows_where
 from jit_kernels.slots import empty_slots
 
-from ._arena import POPULATOR, Column, arena_empty, arena_grow, populate, populate_rows, prefault
+from ._arena import Column, arena_empty, arena_grow, populate, prefault
 
 MAX_LOAD = 0.75      # grow when full + tombstone slots would pass this fraction
 MIN_CAPACITY = 16
@@ -112,7 +112,6 @@ class Shard(IndexedRows):
         for col in self.columns.values():
             col.data = arena_empty(self._init_size, col.data.shape[1], col.data.dtype)
             populate(col.data)    # rows asked for up front: fault their pages in now
-            col.populated = col.data.nbytes
 
     def nbytes(self):
         """Bytes held by the index, columns and free list."""
@@ -126,7 +125,7 @@ class Shard(IndexedRows):
         data = arena_empty(self.values.shape[0], width, dtype)
         if self._init_size:
             populate(data)
-        self.columns[name] = Column(data, init, data.nbytes if self._init_size else 0)
+        self.columns[name] = Column(data, init)
         keys, rows = self.export_rows()
         k.init_rows(data, rows, keys, np.ones(keys.shape[0], np.bool_), *init)
 
@@ -146,11 +145,8 @@ class Shard(IndexedRows):
             new_cap = max(need, int(have * ROW_GROWTH) + 8)
             for col in self.columns.values():
                 arena_grow(col, self.fresh, new_cap)
-        for col in self.columns.values():     # pages of the rows about to be written
-            if POPULATOR.enabled:
-                prefault(col, need)           # ahead of need, off this thread (opt-in)
-            else:
-                populate_rows(col, need)      # in bulk now: cheaper than page faults
+        for col in self.columns.values():     # the next pages, off this thread
+            prefault(col, need)
 
     def _take_rows(self, handed_out):
         """Account for ``handed_out`` rows taken by a kernel (free list first)."""

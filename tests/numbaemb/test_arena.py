@@ -134,38 +134,3 @@ def test_populate_small_and_plain_arrays():
     populate(a)
     assert not a.any()
     populate(np.empty((0, 4), np.float32))
-
-
-@needs_populate
-def test_populate_rows_keeps_contents_and_tracks_the_populated_bytes():
-    """Bulk population of the rows about to be written: contents never change, each
-    call populates only the new pages, a fully populated column is left alone."""
-    from numbaemb._arena import populate_rows
-    col = Column(arena_empty(1 << 16, 64, np.float32), None)
-    col.data[:100] = 7.0                         # rows written before (faulted in)
-    first = populate_rows(col, 1000)
-    assert first is not None and first[0] == 0 and first[1] >= 1000 * 256
-    assert col.populated == first[1]
-    assert populate_rows(col, 10) is None        # nothing new
-    second = populate_rows(col, 5000)
-    assert second[0] == first[1] // 4096 * 4096 and second[1] >= 5000 * 256
-    assert (col.data[:100] == 7.0).all() and not col.data[100:5000].any()
-    assert populate_rows(Column(np.zeros((10, 4), np.float32), None), 5) is None
-
-
-def test_growing_shard_populates_the_rows_it_hands_out(monkeypatch):
-    """Without init_size, a growing shard populates the pages of the rows it is about
-    to initialise (each column), and every row keeps its value through growth."""
-    monkeypatch.setattr(POPULATOR, "enabled", False)      # the default: no background thread
-    s = Shard(dim=64, dtype=np.float32, init=(NORMAL, 0.0, 1.0, 3, np.zeros(64)))
-    s.add_column("m", 64, np.float32, (NORMAL, 0.0, 1.0, 4, np.zeros(64)))
-    keys = np.random.default_rng(1).permutation(40_000).astype(np.int64) - 20_000
-    for part in np.array_split(keys, 8):
-        s.upsert(part, np.repeat(part[:, None].astype(np.float32), 64, axis=1))
-        if LINUX:
-            for col in s.columns.values():
-                if _arena._mapping(col.data) is not None:
-                    assert col.populated >= s.fresh * 256
-    got_keys, got = s.export()
-    np.testing.assert_array_equal(np.sort(got_keys), np.sort(keys))
-    np.testing.assert_array_equal(got, np.repeat(got_keys[:, None].astype(np.float32), 64, axis=1))
