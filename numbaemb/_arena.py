@@ -14,8 +14,10 @@ rows of 64 floats into three columns spent 3-4 ms faulting.  Huge pages
 (``MADV_HUGEPAGE``) are therefore asked for only over rows populated up front
 (:func:`populate`, a table's ``init_size``), where they save TLB misses on
 random rows (Adam step 1.87 vs 2.22 ms, 1M rows); rows that a growing table
-faults in as it trains stay in 4 KiB pages (the benchmark's id stream, steps
-60-100: initial rows of new ids 1.1-1.3 vs 2.5 ms a step with huge pages).
+faults in as it trains stay in 4 KiB pages (the benchmark's id stream in a
+numpy training loop: 8.7-9.3 vs 10.6-11.1 ms a step; in the Keras job,
+initial rows of new ids at steps 60-100: 1.1-1.3 vs 2.5 ms a step, the
+whole job unchanged: 4.70/4.69/4.51M vs 4.70/4.67/4.52M ids/s in pairs).
 :func:`prefault` can ask the kernel, on a background thread, to populate
 the next pages of a growing column before any row lands there
 (``madvise(MADV_POPULATE_WRITE)``, Linux 5.14+: it maps pages without changing
