@@ -19,7 +19,7 @@ stock layer, TFRA's figure quoted from the issue and marked as not measured
 here, the targets and PASS/MISS), then a per-step breakdown of a numbaemb
 training step and the run's conditions (load average, threads, versions).
 
-    python benchmarks/bench_train.py                 # the issue's job (about 3 minutes)
+    python benchmarks/bench_train.py                 # the issue's job (about 30 s to 3 minutes with the load)
     python benchmarks/bench_train.py --quick         # smoke run
     python benchmarks/bench_train.py --steps 200 --repeats 3
 
@@ -97,6 +97,9 @@ def parse_args(argv=None):
                          "true is set, for both models, before TensorFlow starts)")
     ap.add_argument("--intra-op", type=int, default=0, help="TF intra-op threads (0: TF's)")
     ap.add_argument("--inter-op", type=int, default=0, help="TF inter-op threads (0: TF's)")
+    ap.add_argument("--steps-per-execution", type=int, default=1,
+                    help="Keras compile(steps_per_execution=...) for every model (the "
+                         "issue's job: 1); fewer trips through Keras' Python loop")
     ap.add_argument("--quick", action="store_true", help="smoke run: few steps")
     args = ap.parse_args(argv)
     if args.quick:
@@ -126,7 +129,7 @@ def dataset(x, y, rowwise):
 
 
 # ---- models ---------------------------------------------------------------------------
-def build(kind, name):
+def build(kind, name, steps_per_execution=1):
     import keras
     import tf_bridge as de
     inp = keras.Input((FEATURES,), dtype="int64")
@@ -139,7 +142,8 @@ def build(kind, name):
         opt = de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(1e-3))
     out = keras.layers.Dense(1, activation="sigmoid")(keras.layers.Flatten()(emb(inp)))
     model = keras.Model(inp, out, name=name)
-    model.compile(optimizer=opt, loss="binary_crossentropy")
+    model.compile(optimizer=opt, loss="binary_crossentropy",
+                  steps_per_execution=steps_per_execution)
     return model
 
 
@@ -180,7 +184,7 @@ class Runner:
 
     def __init__(self, kind, x, y, args):
         self.kind, self.x, self.y, self.args = kind, x, y, args
-        self.model = build(kind, kind)
+        self.model = build(kind, kind, args.steps_per_execution)
         self.next = 0
         self.train, self.predict = [], []
 
@@ -402,7 +406,7 @@ def conditions(args, load_before, load_after):
         f"versions: python {platform.python_version()}, tensorflow {tf.__version__}, "
         f"keras {keras.__version__}, numba {numba.__version__}, numpy {np.__version__}",
         f"data: {'rows + .batch(16384)' if args.rowwise else 'whole batches'}; warm-up "
-        f"{args.warmup} steps; timed: numbaemb {args.repeats} x {args.steps} steps, stock "
+        f"{args.warmup} steps; steps_per_execution {args.steps_per_execution}; timed: numbaemb {args.repeats} x {args.steps} steps, stock "
         f"{args.repeats} x {args.stock_steps} steps, predict {args.predict_steps} batches",
     ]
 
