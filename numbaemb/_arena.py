@@ -10,15 +10,14 @@ mapping, in parallel.
 The first write to a fresh page costs a page fault: on the 2-core VM this was
 measured on, 2 us per 4 KiB page and about 2 ms per 2 MiB huge page (the
 kernel compacts memory to find one), so a training step that inserts 4,000
-rows of 64 floats into three columns spent 3-4 ms faulting.  Huge pages
-(``MADV_HUGEPAGE``) are therefore asked for only over rows populated up front
-(:func:`populate`, a table's ``init_size``), where they save TLB misses on
-random rows (Adam step 1.87 vs 2.22 ms, 1M rows); rows that a growing table
-faults in as it trains stay in 4 KiB pages (the benchmark's id stream in a
-numpy training loop: 8.7-9.3 vs 10.6-11.1 ms a step; in the Keras job,
-initial rows of new ids at steps 60-100: 1.1-1.3 vs 2.5 ms a step, the
-whole job unchanged: 4.70/4.69/4.51M vs 4.70/4.67/4.52M ids/s in pairs).
-:func:`prefault` can ask the kernel, on a background thread, to populate
+rows of 64 floats into three columns spent 3-4 ms faulting.  Huge pages are
+still asked for over the whole reservation: with 4 KiB pages for the rows a
+growing table faults in (tried), the early steps of the Keras benchmark got
+cheaper (initial rows of new ids 1.1-1.3 vs 2.5 ms a step at steps 60-100)
+but later ones dearer (Adam on 13,500 random rows of a 700k-row table 1.7-1.9
+vs 1.35-1.4 ms at steps 410-450: TLB misses), and a long training run lives
+in the later ones.  :func:`prefault` can ask the kernel, on a background
+thread, to populate
 the next pages of a growing column before any row lands there
 (``madvise(MADV_POPULATE_WRITE)``, Linux 5.14+: it maps pages without changing
 their contents, so rows written meanwhile are safe; called from a Numba
@@ -62,14 +61,10 @@ class Column:
     populated: int = 0
 
 
-def _advise_huge(mm, nbytes):
-    """Ask for big (2 MiB) pages over the first ``nbytes`` of ``mm``: fewer TLB misses on
-    random rows.  Only for memory populated up front (:func:`populate`): a huge page
-    that a training step faults in costs far more than 4 KiB pages (see above)."""
-    if hasattr(mmap, "MADV_HUGEPAGE") and nbytes > 0:
-        length = min(len(mm), -(-int(nbytes) // mmap.PAGESIZE) * mmap.PAGESIZE)
+def _advise(mm):
+    if hasattr(mmap, "MADV_HUGEPAGE"):      # big pages: fewer TLB misses on random rows
         try:
-            mm.madvise(mmap.MADV_HUGEPAGE, 0, length)
+            mm.madvise(mmap.MADV_HUGEPAGE)
         except (OSError, ValueError):
             pass
 
@@ -103,6 +98,7 @@ def arena_empty(rows, width, dtype, reserve_bytes=None):
         mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | noreserve)
     except OSError:                          # address space is limited: map what is asked
         mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
+    _advise(mm)
     return np.frombuffer(mm, dtype, count=count).reshape(rows, width)
 
 
@@ -174,10 +170,7 @@ def populate(a):
     """
     if a.size == 0:
         return
-    mm = _mapping(a)
-    if mm is not None:
-        _advise_huge(mm, a.nbytes)
-    if not (sys.platform.startswith("linux") and mm is not None
+    if not (sys.platform.startswith("linux") and _mapping(a) is not None
             and _populate(a.ctypes.data, a.nbytes, CHUNK, MADV_POPULATE_WRITE) == 0):
         a.fill(0)                            # portable: write every page
 
