@@ -406,8 +406,9 @@ def conditions(args, load_before, load_after):
         f"versions: python {platform.python_version()}, tensorflow {tf.__version__}, "
         f"keras {keras.__version__}, numba {numba.__version__}, numpy {np.__version__}",
         f"data: {'rows + .batch(16384)' if args.rowwise else 'whole batches'}; warm-up "
-        f"{args.warmup} steps; steps_per_execution {args.steps_per_execution}; timed: numbaemb {args.repeats} x {args.steps} steps, stock "
-        f"{args.repeats} x {args.stock_steps} steps, predict {args.predict_steps} batches",
+        f"{args.warmup} steps; steps_per_execution {args.steps_per_execution}; timed: "
+        f"numbaemb {args.repeats} x {args.steps} steps, stock {args.repeats} x "
+        f"{args.stock_steps} steps, predict {args.predict_steps} batches",
     ]
 
 

@@ -17,8 +17,7 @@ cheaper (initial rows of new ids 1.1-1.3 vs 2.5 ms a step at steps 60-100)
 but later ones dearer (Adam on 13,500 random rows of a 700k-row table 1.7-1.9
 vs 1.35-1.4 ms at steps 410-450: TLB misses), and a long training run lives
 in the later ones.  :func:`prefault` can ask the kernel, on a background
-thread, to populate
-the next pages of a growing column before any row lands there
+thread, to populate the next pages of a growing column before any row lands there
 (``madvise(MADV_POPULATE_WRITE)``, Linux 5.14+: it maps pages without changing
 their contents, so rows written meanwhile are safe; called from a Numba
 ``nogil`` loop, so the thread does not hold the GIL while it works).
