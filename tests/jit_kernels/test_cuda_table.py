@@ -14,6 +14,7 @@ from jit_kernels import cuda_table as ct
 from jit_kernels.initializers import CONSTANT, NORMAL, TRUNCATED_NORMAL, UNIFORM, ZEROS
 from jit_kernels.slots import empty_slots
 from tests.cuda_support import needs_cuda
+from tests.jit_kernels.test_cpu_table import insert as cpu_insert
 
 pytestmark = [pytest.mark.cuda, needs_cuda]
 
@@ -32,16 +33,6 @@ def keys_with_extremes(rng, n, span=1 << 62):
     keys[:4] = EXTREMES
     keys[4:8] = EXTREMES            # and again: duplicates within the batch
     return keys
-
-
-def cpu_insert(slots, keys, free=None, fresh=0):
-    free = np.zeros(0, np.int64) if free is None else free
-    rows = np.empty(keys.shape[0], np.int64)
-    inserted = np.empty(keys.shape[0], np.bool_)
-    alloc = np.zeros(1, np.int64)
-    cpu.find_or_insert_rows(slots, slots.shape[0] // 2 - 1, keys, rows, inserted, alloc,
-                            free, free.shape[0], fresh)
-    return rows, inserted, int(alloc[0])
 
 
 def gpu_insert(cuda, slots, keys, free=None, fresh=0):

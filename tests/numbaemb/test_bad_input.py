@@ -113,36 +113,29 @@ def test_in_range_keys_of_other_int_dtypes_are_accepted(num_shards):
 
 # ---- values / exists ------------------------------------------------------------------
 
+_BAD_VALUES = ([(ValueError, (4,) + shape, np.float32)
+                for shape in [(), (DIM + 1,), (DIM - 1,), (1,), (DIM, 1)]]
+               + [(ValueError, shape, np.float32)
+                  for shape in [(3, DIM), (5, DIM), (1, DIM), (2, 2, DIM), ()]]
+               + [(TypeError, (4, DIM), dt)
+                  for dt in [np.bool_, np.complex64, np.complex128, object, "U3"]])
+
+
 @pytest.mark.parametrize("num_shards", SHARDS)
-@pytest.mark.parametrize("vals_shape", [(4,), (4, DIM + 1), (4, DIM - 1), (3, DIM), (5, DIM),
-                                        (4, 1), (1, DIM), (2, 2, DIM), (4, DIM, 1), ()])
-def test_values_of_wrong_shape_raise(num_shards, vals_shape):
+@pytest.mark.parametrize("error,vals_shape,dtype", _BAD_VALUES)
+def test_values_of_wrong_shape_or_dtype_raise(num_shards, error, vals_shape, dtype):
+    """Values of the wrong shape (ValueError) or a non-real dtype (TypeError), as
+    ``upsert`` values and as either side of ``accum``: nothing is applied."""
     v, _ = filled(num_shards)
     keys = np.array([0, 5, INT64_MIN, 99])
-    bad = np.ones(vals_shape, np.float32)
+    bad = np.ones(vals_shape).astype(dtype)
     good = np.ones((4, DIM), np.float32)
     ex = np.array([True, False, True, False])
-    with unchanged(v), pytest.raises(ValueError, match="values"):
+    with unchanged(v), pytest.raises(error, match="values"):
         v.upsert(keys, bad)
-    with unchanged(v), pytest.raises(ValueError, match="new_values"):
+    with unchanged(v), pytest.raises(error, match="new_values"):
         v.accum(keys, good, bad, ex)
-    with unchanged(v), pytest.raises(ValueError, match="old_values"):
-        v.accum(keys, bad, good, ex)
-
-
-@pytest.mark.parametrize("num_shards", SHARDS)
-@pytest.mark.parametrize("dtype", [np.bool_, np.complex64, np.complex128, object, "U3"])
-def test_values_of_bad_dtype_raise(num_shards, dtype):
-    v, _ = filled(num_shards)
-    keys = np.array([0, 5, 99])
-    bad = np.ones((3, DIM)).astype(dtype)
-    good = np.ones((3, DIM), np.float32)
-    ex = np.array([True, False, True])
-    with unchanged(v), pytest.raises(TypeError, match="values"):
-        v.upsert(keys, bad)
-    with unchanged(v), pytest.raises(TypeError, match="new_values"):
-        v.accum(keys, good, bad, ex)
-    with unchanged(v), pytest.raises(TypeError, match="old_values"):
+    with unchanged(v), pytest.raises(error, match="old_values"):
         v.accum(keys, bad, good, ex)
 
 

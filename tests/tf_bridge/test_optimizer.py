@@ -4,7 +4,6 @@ import itertools
 import sys
 
 import keras
-import numba
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -16,14 +15,7 @@ from tf_bridge.optimizer import translate
 _names = itertools.count()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_numba_thread():
-    """These tests check math on batches of a dozen ids: a parallel launch costs more
-    than the work (tens of ms on a loaded 2-core box), so run the kernels serially."""
-    before = numba.get_num_threads()
-    numba.set_num_threads(1)
-    yield
-    numba.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_numba_thread")   # tests/tf_bridge/conftest.py
 
 CONFIGS = {
     "sgd": ("SGD", dict(learning_rate=0.1)),

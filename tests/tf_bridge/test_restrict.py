@@ -3,7 +3,6 @@ for the kept keys; evicted keys leave the table and every optimizer slot."""
 import itertools
 
 import keras
-import numba
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -13,13 +12,7 @@ import tf_bridge as de
 _names = itertools.count()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_numba_thread():
-    """Batches of a few ids: parallel launches cost more than the work."""
-    before = numba.get_num_threads()
-    numba.set_num_threads(1)
-    yield
-    numba.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_numba_thread")   # tests/tf_bridge/conftest.py
 
 
 def var(policy, **kw):
