@@ -58,6 +58,14 @@ def mutations(v, keys, vals=None, exists=None, old=None):
     }
 
 
+def assert_every_call_rejects(v, keys, error, match):
+    """Each of :func:`mutations` (and ``lookup``) with ``keys`` raises ``error`` matching
+    ``match`` and leaves ``v`` unchanged."""
+    for name, call in mutations(v, keys).items():
+        with unchanged(v), pytest.raises(error, match=match):
+            call()
+
+
 SHARDS = [1, 3]
 
 
@@ -70,9 +78,7 @@ SHARDS = [1, 3]
                                  np.empty(0, np.float64)])
 def test_non_integer_keys_raise_type_error(num_shards, bad):
     v, _ = filled(num_shards)
-    for name, call in mutations(v, bad).items():
-        with unchanged(v), pytest.raises(TypeError, match="keys"):
-            call()
+    assert_every_call_rejects(v, bad, TypeError, "keys")
 
 
 @pytest.mark.parametrize("num_shards", SHARDS)
@@ -82,9 +88,7 @@ def test_non_integer_keys_raise_type_error(num_shards, bad):
                                  np.array([2 ** 63], np.uint64)])
 def test_int32_table_rejects_out_of_range_keys(num_shards, bad):
     v, _ = filled(num_shards, np.int32)
-    for name, call in mutations(v, bad).items():
-        with unchanged(v), pytest.raises(ValueError, match="keys.*int32"):
-            call()
+    assert_every_call_rejects(v, bad, ValueError, "keys.*int32")
 
 
 @pytest.mark.parametrize("num_shards", SHARDS)
@@ -92,9 +96,7 @@ def test_int32_table_rejects_out_of_range_keys(num_shards, bad):
                                  np.array([1, 2 ** 64 - 1], np.uint64), [2 ** 63, 2 ** 63 + 5]])
 def test_uint64_keys_above_int64_max_raise(num_shards, bad):
     v, _ = filled(num_shards)
-    for name, call in mutations(v, bad).items():
-        with unchanged(v), pytest.raises(ValueError, match="keys.*int64"):
-            call()
+    assert_every_call_rejects(v, bad, ValueError, "keys.*int64")
 
 
 @pytest.mark.parametrize("num_shards", SHARDS)
@@ -297,9 +299,7 @@ def test_bad_partitioner_output_raises_and_applies_nothing(which):
         v.shards[s].upsert(kk[sel].astype(np.int64), np.ascontiguousarray(vv[sel]))
     assert v.size() == keys.size
     batch = np.array([0, 1, 2, 3, 4, 5, INT64_MIN, INT64_MAX, 10, 11])
-    for name, call in mutations(v, batch).items():
-        with unchanged(v), pytest.raises(ValueError, match="partitioner"):
-            call()
+    assert_every_call_rejects(v, batch, ValueError, "partitioner")
 
 
 def test_partitioner_that_raises_applies_nothing():
