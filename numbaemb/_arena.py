@@ -8,35 +8,26 @@ Where the reservation cannot be had or is outgrown, rows are copied into a new
 mapping, in parallel.
 
 The first write to a fresh page costs a page fault: on the 2-core VM this was
-measured on, 2 us per 4 KiB page and about 2 ms per 2 MiB huge page (the
-kernel compacts memory to find one), so a training step that inserts 4,000
-rows of 64 floats into three columns spent 3-4 ms faulting.  Huge pages are
-still asked for over the whole reservation: with 4 KiB pages for the rows a
-growing table faults in (tried), the early steps of the Keras benchmark got
-cheaper (initial rows of new ids 1.1-1.3 vs 2.5 ms a step at steps 60-100)
-but later ones dearer (Adam on 13,500 random rows of a 700k-row table 1.7-1.9
-vs 1.35-1.4 ms at steps 410-450: TLB misses), and a long training run lives
-in the later ones.  :func:`prefault` can ask the kernel, on a background
-thread, to populate the next pages of a growing column before any row lands there
-(``madvise(MADV_POPULATE_WRITE)``, Linux 5.14+: it maps pages without changing
-their contents, so rows written meanwhile are safe; called from a Numba
-``nogil`` loop, so the thread does not hold the GIL while it works).
+measured on, 0.1-1 ms per MiB (more where the hypervisor must back the memory
+first), so a training step that inserts 4,000 rows of 64 floats into three
+columns spent ~4 ms faulting.  Huge pages are asked for over the whole
+reservation: with 4 KiB pages for the rows a growing table faults in (tried),
+early steps got cheaper but later ones dearer (Adam on 13,500 random rows of a
+700k-row table 1.7-1.9 vs 1.35-1.4 ms: TLB misses), and a long training run
+lives in the later ones.
 
-It is off unless ``NUMBAEMB_PREFAULT=1`` is set before import.  Measured on
-the 2-core VM, 200 steps of the Keras benchmark's id stream: in a plain numpy
-training loop it cut the optimizer step from 3.9-4.6 to 2.9 ms (mean); inside
-a TensorFlow training step the faults left the step but the background work
-competed with TensorFlow's threads and each ``tf.numpy_function`` hand-off
-grew from 0.7-0.9 to 1.7-3.9 ms a step, so throughput did not improve (with
-more cores than busy threads it should).  Other systems and old kernels: nothing
-is done and pages fault in when written.
+:func:`prefault` has the next pages of a growing column mapped before any row
+lands there, by a native background thread (:mod:`numbaemb._populator`: no
+GIL, ``SCHED_IDLE``, no ``mmap_lock``).  Measured on the 2-core VM, Keras
+benchmark steps 11-30: initial rows of new ids 0.4 against 4.2 ms a step, the
+whole step 14.8 against 19.7 ms.  On by default on Linux; ``NUMBAEMB_PREFAULT=0``
+before import switches it off.  :func:`populate` maps a whole fresh column at
+once, synchronously (``madvise(MADV_POPULATE_WRITE)``, Linux 5.14+; else it
+writes every page): for the rows a table is created with (``init_size``).
 """
 import mmap
 import os
-import queue
 import sys
-import threading
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,11 +35,13 @@ from numba import njit, types
 
 from jit_kernels import cpu_table as k
 
+from ._populator import make_populator
+
 ARENA_MIN_BYTES = 1 << 20   # smaller columns are plain numpy arrays
 MADV_POPULATE_WRITE = 23    # linux/mman.h (5.14+)
+CHUNK = 2 << 20             # bytes per madvise call
 PREFAULT_MIN = 4 << 20      # populate at least this far ahead of the rows in use ...
 PREFAULT_MAX = 64 << 20     # ... and at most this far (1/16 of the column in between)
-CHUNK = 2 << 20             # bytes per madvise call
 
 
 @dataclass
@@ -174,49 +167,9 @@ def populate(a):
         a.fill(0)                            # portable: write every page
 
 
-class _Populator:
-    """One daemon thread that runs queued page population, GIL released for each whole
-    task (a Numba ``nogil`` loop calling ``madvise``).  A task holds its mapping, which
-    therefore stays mapped until the calls return.  Normal priority on purpose: the
-    thread takes the GIL between tasks, and a low-priority thread descheduled while
-    holding it would stall every ``tf.numpy_function`` of a training step."""
-
-    def __init__(self):
-        self.enabled = (sys.platform.startswith("linux")
-                        and os.environ.get("NUMBAEMB_PREFAULT", "0") == "1")
-        self.tasks = queue.SimpleQueue()
-        self.thread = None
-        self.lock = threading.Lock()
-        self.pending = 0
-
-    def submit(self, mm, addr, nbytes):
-        with self.lock:
-            if not self.enabled:
-                return False
-            self.pending += 1
-            if self.thread is None:
-                self.thread = threading.Thread(target=self._run, name="numbaemb-prefault",
-                                               daemon=True)
-                self.thread.start()
-        self.tasks.put((mm, addr, nbytes))
-        return True
-
-    def _run(self):
-        while True:
-            mm, addr, nbytes = self.tasks.get()
-            if self.enabled and _populate(addr, nbytes, CHUNK, MADV_POPULATE_WRITE):
-                self.enabled = False         # EINVAL: a kernel without it; stop trying
-            del mm
-            with self.lock:
-                self.pending -= 1
-
-    def wait(self):
-        """Block until every queued task is done (tests)."""
-        while self.pending:
-            time.sleep(0.001)
-
-
-POPULATOR = _Populator()
+# NUMBAEMB_PREFAULT=0 switches the background thread off
+POPULATOR = make_populator(sys.platform.startswith("linux")
+                           and os.environ.get("NUMBAEMB_PREFAULT", "1") != "0")
 
 
 def prefault(col, rows_in_use):
