@@ -44,6 +44,7 @@ starts a new thread in a forked child.
 import atexit
 import collections
 import ctypes
+import functools
 import os
 import sys
 import threading
@@ -84,7 +85,6 @@ def _touch(typingctx, addr):
     return sig, codegen
 
 
-@cfunc(types.voidptr(types.voidptr), nogil=True, cache=True)
 def _worker(arg):
     """The thread's body: serve requests from the ring at ``arg`` until ``ctl[STOP]``."""
     ctl = carray(arg, CTL_LEN, np.int64)
@@ -106,6 +106,12 @@ def _worker(arg):
             off += PAGE
         store_release(ctl, TAIL, tail + 1)
     return arg
+
+
+@functools.lru_cache(maxsize=None)
+def _worker_address():
+    """The compiled thread body's address (compiled on first use, not at import)."""
+    return cfunc(types.voidptr(types.voidptr), nogil=True, cache=True)(_worker).address
 
 
 @njit(nogil=True, cache=True)
@@ -152,7 +158,7 @@ class NativePopulator:
     def _start(self):
         lib = _libc()
         tid = ctypes.c_ulong()
-        if lib is None or lib.pthread_create(ctypes.byref(tid), None, _worker.address,
+        if lib is None or lib.pthread_create(ctypes.byref(tid), None, _worker_address(),
                                              self._ctl.ctypes.data) != 0:
             self.enabled = False
             return False
