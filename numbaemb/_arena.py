@@ -178,7 +178,7 @@ def prefault(col, rows_in_use):
     the byte range asked for, or None.  Never changes the column's contents.
 
     >>> col = Column(arena_empty(1 << 16, 64, np.float32), None)
-    >>> r = prefault(col, 1000)                   # None unless NUMBAEMB_PREFAULT=1
+    >>> r = prefault(col, 1000)                   # None when NUMBAEMB_PREFAULT=0 or not Linux
     >>> POPULATOR.wait(); r is None or (r[0] <= 1000 * 256 and r[1] >= 1000 * 256 + (4 << 20))
     True
     """

@@ -173,7 +173,10 @@ class NativePopulator:
 
     def submit(self, mm, addr, nbytes):
         """Ask for the ``nbytes`` at ``addr`` (inside mapping ``mm``, kept alive until done)
-        to be mapped; False when off or when ``SLOTS`` requests are in flight."""
+        to be mapped; False when off or when ``SLOTS`` requests are in flight.  ``addr``
+        must be 4-byte aligned (a touched word then never spans two pages)."""
+        if addr % 4 or nbytes < 0:
+            raise ValueError(f"addr must be 4-byte aligned and nbytes >= 0, got {addr}, {nbytes}")
         with self._lock:
             if not self.enabled or (self._tid is None and not self._start()):
                 return False

@@ -72,6 +72,13 @@ def test_keeps_the_mapping_alive_until_done(populator):
     assert gone() is None
 
 
+def test_rejects_unaligned_addresses(populator):
+    mm, a = fresh(1 << 20)
+    with pytest.raises(ValueError, match="4-byte aligned"):
+        populator.submit(mm, a.ctypes.data + 2, 4096)
+    assert populator.pending == 0 and populator.held == 0
+
+
 def test_off_means_no_thread_and_no_request():
     p = NativePopulator(enabled=False)
     mm, a = fresh(1 << 20)
