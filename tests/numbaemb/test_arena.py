@@ -12,7 +12,7 @@ from numbaemb.shard import Shard
 from jit_kernels.initializers import NORMAL
 
 needs_populate = pytest.mark.skipif(not sys.platform.startswith("linux"),
-                                    reason="madvise(MADV_POPULATE_WRITE) is Linux's")
+                                    reason="the prefault thread is Linux-only")
 
 
 @pytest.fixture(autouse=True)
