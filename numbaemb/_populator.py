@@ -147,13 +147,15 @@ class NativePopulator:
         self.enabled = bool(enabled)
         self._lock = threading.Lock()
         self._policy = int(policy)
-        self._tid = None
         self._held = collections.deque()    # (request number, mapping) not yet passed
-        self._reset_ring()
+        self._forget()
 
-    def _reset_ring(self):
+    def _forget(self):
+        """No thread, an empty ring, no mapping held."""
+        self._tid = None
         self._ctl = np.zeros(CTL_LEN, np.int64)
         self._ctl[POLICY] = self._policy
+        self._held.clear()
 
     def _start(self):
         lib = _libc()
@@ -214,18 +216,14 @@ class NativePopulator:
                 return
             self._ctl[STOP] = 1
             self._lib.pthread_join(self._tid, None)   # ctypes releases the GIL here
-            self._tid = None
-            self._reset_ring()
-            self._held.clear()
+            self._forget()
 
     __del__ = stop             # the thread must not outlive the ring it reads
 
     def _after_fork(self):
         """In a forked child: the thread is gone; start afresh on the next request."""
         self._lock = threading.Lock()
-        self._tid = None
-        self._reset_ring()
-        self._held.clear()
+        self._forget()
 
 
 def make_populator(enabled):
