@@ -145,18 +145,27 @@ def init_rows(values, rows, keys, inserted, kind, a, b, seed, const):
 
 
 @njit(**_opts)
-def init_gather(values, rows, keys, inserted, out, kind, a, b, seed, const):
+def init_gather(values, rows, keys, inserted, fresh_start, out, kind, a, b, seed, const):
     """``init_rows`` then ``gather`` in one pass: a new row is copied out while it
-    is still in cache."""
+    is still in cache.
+
+    Rows ``>= fresh_start`` must be the ones the insert just before handed out
+    (it took no row from the free list).  A repeat of a key inserted there may
+    run before its inserter has written the row, so it draws the key's initial
+    value itself (the same bits) instead of reading the row.
+    """
     n = rows.shape[0]
     for i in prange(n):
-        if i + ROWS_AHEAD < n and not inserted[i + ROWS_AHEAD]:
+        if i + ROWS_AHEAD < n and rows[i + ROWS_AHEAD] < fresh_start:
             prefetch_row(values, rows[i + ROWS_AHEAD], False)
         r = rows[i]
-        if inserted[i]:
-            init_row(values[r], keys[i], kind, a, b, seed, const)
-        for c in range(out.shape[1]):
-            out[i, c] = values[r, c]
+        if inserted[i] or r < fresh_start:
+            if inserted[i]:
+                init_row(values[r], keys[i], kind, a, b, seed, const)
+            for c in range(out.shape[1]):
+                out[i, c] = values[r, c]
+        else:
+            init_row(out[i], keys[i], kind, a, b, seed, const)
 
 
 @njit(**_opts)

@@ -61,6 +61,35 @@ class IndexedRows:
             if name not in skip:
                 self._kernels.init_rows(col.data, rows, keys, inserted, *col.init)
 
+    def find_or_insert(self, keys, out=None):
+        """Rows of ``keys``; absent keys are inserted with initial values in every column.
+
+        With ``out`` (shape ``(n, dim)``) the values of the rows are also copied
+        there, in the same pass that initialises the new ones (cheaper than a
+        separate gather: new rows are copied while in cache).  Shapes: ``keys``
+        (n,) int64, ``rows`` (n,) int64, ``inserted`` (n,) bool.
+
+        >>> from jit_kernels.initializers import CONSTANT
+        >>> s = Shard(dim=2, dtype=np.float32, init=(CONSTANT, 0.0, 0.0, 0, np.array([1.5, 2.5])))
+        >>> out = np.empty((3, 2), np.float32)
+        >>> rows, new = s.find_or_insert(np.array([4, 4, 9]), out=out)
+        >>> out.tolist(), new.tolist()
+        ([[1.5, 2.5], [1.5, 2.5], [1.5, 2.5]], [True, False, True])
+        """
+        fresh_start = self.fresh if self.free_rows.shape[0] == 0 else None
+        rows, inserted = self._insert(keys)
+        if out is None:
+            self._init_new(rows, keys, inserted)
+            return rows, inserted
+        init = self.columns["values"].init
+        self._init_new(rows, keys, inserted, skip=("values",))
+        if fresh_start is None:     # rows came from the free list: no fused pass
+            self._kernels.init_rows(self.values, rows, keys, inserted, *init)
+            self._kernels.gather(self.values, rows, out)
+        else:
+            self._kernels.init_gather(self.values, rows, keys, inserted, fresh_start, out, *init)
+        return rows, inserted
+
     # ---- capacity (shared; subclasses provide _count_absent, _rehashed, _reserve_rows) ----
     def _reserve(self, keys):
         """Make room for every absent key of ``keys``; returns the bound used."""
@@ -182,28 +211,6 @@ class Shard(IndexedRows):
         rows = np.empty(keys.shape[0], np.int64)
         k.find_rows(self.slots, self.mask, keys, rows)
         return rows
-
-    def find_or_insert(self, keys, out=None):
-        """Rows of ``keys``; absent keys are inserted with initial values in every column.
-
-        With ``out`` (shape ``(n, dim)``) the values of the rows are also copied
-        there, in the same pass that initialises the new ones (cheaper than a
-        separate gather: new rows are copied while in cache).
-
-        >>> from jit_kernels.initializers import CONSTANT
-        >>> s = Shard(dim=2, dtype=np.float32, init=(CONSTANT, 0.0, 0.0, 0, np.array([1.5, 2.5])))
-        >>> out = np.empty((3, 2), np.float32)
-        >>> rows, new = s.find_or_insert(np.array([4, 4, 9]), out=out)
-        >>> out.tolist(), new.tolist()
-        ([[1.5, 2.5], [1.5, 2.5], [1.5, 2.5]], [True, False, True])
-        """
-        rows, inserted = self._insert(keys)
-        if out is None:
-            self._init_new(rows, keys, inserted)
-        else:
-            self._init_new(rows, keys, inserted, skip=("values",))
-            k.init_gather(self.values, rows, keys, inserted, out, *self.columns["values"].init)
-        return rows, inserted
 
     def find_or_insert_with(self, keys, values, valid):
         """Rows of ``keys``, inserting absent ones with weights ``values[i]`` (shape

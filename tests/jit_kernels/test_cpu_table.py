@@ -167,6 +167,25 @@ def test_init_rows_only_inserted_and_gather():
     np.testing.assert_array_equal(out, values[[5, 0, 2, 0]])
 
 
+def test_init_gather_repeats_never_read_an_unwritten_row():
+    """A repeat of a key inserted in the same batch may run before its inserter:
+    it must still get the initial value, never what the row held before."""
+    n = 1 << 16
+    keys = batch(np.arange(n) * 7919 - (n // 2))
+    rows = np.concatenate([np.arange(n), np.arange(n)]).astype(np.int64)
+    inserted = np.concatenate([np.zeros(n, np.bool_), np.ones(n, np.bool_)])
+    both = np.concatenate([keys, keys])
+    want = np.empty((n, DIM), np.float32)
+    k.init_rows(want, np.arange(n, dtype=np.int64), keys, np.ones(n, np.bool_), *INIT)
+    for fresh_start in (0, n // 2):
+        values = np.full((n, DIM), -9.0, np.float32)
+        values[:fresh_start] = want[:fresh_start]      # rows that existed before the batch
+        out = np.empty((2 * n, DIM), np.float32)
+        k.init_gather(values, rows, both, inserted, fresh_start, out, *INIT)
+        np.testing.assert_array_equal(out, np.concatenate([want, want]))
+        np.testing.assert_array_equal(values[fresh_start:], want[fresh_start:])
+
+
 # ---- assign_rows -----------------------------------------------------------------------
 
 @given(st.lists(st.integers(0, 9), max_size=50), st.sampled_from([1, 2, 3, 7, 16]))
