@@ -2,7 +2,8 @@
 
 Each function handles one key and is safe to run concurrently with the same
 function on other keys (inserts claim slots by compare-and-swap on the row
-word).  ``find_slot`` is read-only and must not race with inserts or erases.
+word).  ``find_slot`` is read-only; it may run beside inserts only with
+``synced=True``, and never beside erases.
 
 >>> import numpy as np
 >>> from jit_kernels.slots import empty_slots
@@ -14,16 +15,21 @@ True
 """
 from numba import njit
 
-from .atomics import cas, fetch_add, load_acquire, store_release
+from .atomics import cas, claim, load_acquire, store_release
 from .slots import BUSY, DELETED, EMPTY, first_slot, is_busy, is_empty, is_full, next_slot
 
 
 @njit(nogil=True, cache=True)
-def find_slot(slots, mask, key):
-    """Slot index holding ``key``, or -1 when absent."""
+def find_slot(slots, mask, key, synced=False):
+    """Slot index holding ``key``, or -1 when absent.
+
+    ``synced`` reads row words with acquire loads: needed while other threads
+    insert (a published row word must not be paired with a stale key); a
+    read-only pass (lookup) uses plain loads.
+    """
     s = first_slot(key, mask)
     for _ in range(mask + 1):
-        word = slots[2 * s + 1]
+        word = load_acquire(slots, 2 * s + 1) if synced else slots[2 * s + 1]
         if is_empty(word):
             return -1
         if is_full(word) and slots[2 * s] == key:
@@ -33,9 +39,9 @@ def find_slot(slots, mask, key):
 
 
 @njit(nogil=True, cache=True)
-def find_row(slots, mask, key):
-    """Row of ``key`` in the value arena, or -1 when absent."""
-    s = find_slot(slots, mask, key)
+def find_row(slots, mask, key, synced=False):
+    """Row of ``key`` in the value arena, or -1 when absent (``synced``: see find_slot)."""
+    s = find_slot(slots, mask, key, synced)
     if s < 0:
         return -1
     return slots[2 * s + 1]
@@ -45,9 +51,10 @@ def find_row(slots, mask, key):
 def take_row(alloc, free_rows, n_free, fresh_start):
     """Hand out one row: first from the free list (top down), then fresh rows.
 
-    ``alloc[0]`` counts rows handed out during this launch.
+    ``alloc[0]`` counts rows handed out during this launch (on CUDA one atomic per
+    warp, see :func:`jit_kernels.atomics.claim`).
     """
-    c = fetch_add(alloc, 0, 1)
+    c = claim(alloc, 0)
     if c < n_free:
         return free_rows[n_free - 1 - c]
     return fresh_start + (c - n_free)
@@ -73,6 +80,7 @@ def find_or_insert_key(slots, mask, key, alloc, free_rows, n_free, fresh_start):
                 row = take_row(alloc, free_rows, n_free, fresh_start)
                 store_release(slots, 2 * s + 1, row)
                 return row, True
+            word = load_acquire(slots, 2 * s + 1)   # the CAS may be relaxed (CUDA)
         while is_busy(word):  # another inserter is publishing this slot
             word = load_acquire(slots, 2 * s + 1)
         if is_full(word) and slots[2 * s] == key:
@@ -122,7 +130,7 @@ def accum_group(slots, mask, keys, order, lo, hi, values, spill, split, old, new
     (rows kept in host memory by a GPU table; the CPU passes ``split = len(values)``).
     """
     key = keys[order[lo]]
-    r = find_row(slots, mask, key)
+    r = find_row(slots, mask, key, True)     # other groups insert meanwhile
     for j in range(lo, hi):
         p = order[j]
         rows[p] = -1

@@ -225,3 +225,23 @@ def test_random_insert_erase_sequences_match_dict(ops, cap):
     assert full_slot_map(s) == oracle
     n_deleted = int((s[1::2] == DELETED).sum())
     assert n_deleted + len(oracle) == next_row    # each insert used a new slot
+
+
+def test_claim_hands_out_distinct_tickets_in_parallel():
+    """``claim`` (the row counter of take_row) on the CPU: one ticket per call, no gaps,
+    from many threads at once; int32 and int64 counters."""
+    from numba import njit, prange
+
+    from jit_kernels.atomics import claim
+
+    @njit(parallel=True)
+    def draw(counter, out):
+        for i in prange(out.shape[0]):
+            out[i] = claim(counter, 0)
+
+    for dtype in (np.int64, np.int32):
+        counter = np.array([5], dtype)
+        out = np.empty(20000, np.int64)
+        draw(counter, out)
+        assert int(counter[0]) == 5 + out.shape[0]
+        assert (np.sort(out) == np.arange(5, 5 + out.shape[0])).all()
