@@ -43,7 +43,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from jit_kernels import cuda_table as ct  # noqa: E402
-from jit_kernels.initializers import NORMAL  # noqa: E402
+from jit_kernels.initializers import NORMAL, ZEROS  # noqa: E402
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
@@ -54,8 +54,10 @@ def universe_keys(idx):
 
 
 class Bench:
-    def __init__(self, cuda, log2_capacity, batch, repeats):
+    def __init__(self, cuda, log2_capacity, batch, repeats, profile=False, init_kind=NORMAL):
         self.cuda = cuda
+        self.init_kind = init_kind
+        self.profile = profile
         self.cap = 1 << log2_capacity
         self.mask = self.cap - 1
         self.batch = batch
@@ -101,7 +103,7 @@ class Bench:
         ct.init_rows(self.values, cuda.to_device(np.arange(n, dtype=np.int64)),
                      cuda.to_device(universe_keys(np.arange(n))), ct.filled(n, True, np.bool_),
                      NORMAL, 0.0, 1.0, 7, cuda.to_device(np.zeros(dim)))
-        self.init = (NORMAL, 0.0, 1.0, 7, cuda.to_device(np.zeros(dim)))
+        self.init = (self.init_kind, 0.0, 1.0, 7, cuda.to_device(np.zeros(dim)))
         self.no_free = no_free
         cuda.synchronize()
 
@@ -126,17 +128,16 @@ class Bench:
 
         sc = ct.Scratch()
 
-        def insert(keys):
+        def insert(keys, then=None):
             rows = sc.array("rows", b, np.int64)
             inserted = sc.array("inserted", b, np.bool_)
             ct.insert_rows(self.slots, self.mask, keys, rows, inserted, self.no_free, 0,
-                           self.n_present, sc)
+                           self.n_present, sc, then and (lambda: then(rows, inserted)))
             return rows, inserted
 
-        def find_or_insert():
-            rows, inserted = insert(mixed)
-            ct.init_rows(self.values, rows, mixed, inserted, *self.init)
-            ct.gather(self.values, rows, out)
+        def find_or_insert():    # as Variable -> CudaShard.find_or_insert(keys, out)
+            _, inserted = insert(mixed, lambda rows, inserted: ct.init_gather(
+                self.values, rows, mixed, inserted, self.n_present, out, *self.init))
             ct.invert(inserted, ex)
 
         def upsert():
@@ -154,6 +155,12 @@ class Bench:
             sc.read("alloc")
 
         res["find_or_insert"] = self.time(find_or_insert, self.restore)
+        if self.profile:   # its parts, each timed alone from the same starting index
+            res["fi: insert"] = self.time(lambda: insert(mixed), self.restore)
+            rows, inserted = insert(mixed)
+            res["fi: init_gather"] = self.time(lambda: ct.init_gather(
+                self.values, rows, mixed, inserted, self.n_present, out, *self.init))
+            self.restore()
         res["insert_or_assign"] = self.time(upsert, self.restore)
         res["accum"] = self.time(accum, self.restore)
 
@@ -187,22 +194,36 @@ def main():
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--dims", type=int, nargs="+", default=[8, 64])
     ap.add_argument("--loads", type=float, nargs="+", default=[0.5, 0.9])
+    ap.add_argument("--init", choices=["normal", "zeros"], default="normal",
+                    help="initializer of new rows (default normal(0, 1), as a table "
+                         "of embeddings would use; zeros: no per-value work)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also time find_or_insert's parts alone (printed after the table)")
     args = ap.parse_args()
     cuda = ct.cuda_api()
     name = getattr(cuda.get_current_device(), "name", "CUDA simulator")
     name = name.decode() if isinstance(name, bytes) else name
-    bench = Bench(cuda, args.log2_capacity, args.batch, args.repeats)
+    bench = Bench(cuda, args.log2_capacity, args.batch, args.repeats, args.profile,
+                  NORMAL if args.init == "normal" else ZEROS)
     ops = ["find", "find_or_insert", "insert_or_assign", "accum", "export", "limit"]
     print(f"GPU: {name}; index 2^{args.log2_capacity} slots; batch {args.batch} keys; "
-          f"float32 values; billions of keys/s (median of {args.repeats})\n")
+          f"float32 values; {args.init} initializer; billions of keys/s "
+          f"(median of {args.repeats})\n")
     print("| dim | load | " + " | ".join(ops[:-1]) + " | gather limit | find / limit |")
     print("|---:|---:|" + "---:|" * (len(ops) + 1))
+    parts = []
     for dim in args.dims:
         for load in args.loads:
             r = bench.run(dim, load)
             cells = [f"{r[k]:.2f}" if k in r else "n/a" for k in ops]
             frac = f"{100 * r['find'] / r['limit']:.0f}%" if "limit" in r else "n/a"
             print(f"| {dim} | {load} | " + " | ".join(cells) + f" | {frac} |", flush=True)
+            parts.append((dim, load, {k: v for k, v in r.items() if k.startswith("fi: ")}))
+    if args.profile:
+        print("\nfind_or_insert, its parts alone (milliseconds per batch):")
+        for dim, load, p in parts:
+            print(f"  dim {dim} load {load}: " + ", ".join(
+                f"{k[4:]} {args.batch / (v * 1e6):.3f} ms" for k, v in p.items()))
 
 
 if __name__ == "__main__":

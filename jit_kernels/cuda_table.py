@@ -96,6 +96,11 @@ def _kernels():
         # An explicit NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS setting is respected.
         if "NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS" not in os.environ:
             _config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
+        if not SIMULATOR and _cuda.is_available():
+            cc = _cuda.get_current_device().compute_capability
+            if tuple(cc) < (7, 0):   # the kernels' atomics use PTX acquire/release forms
+                raise RuntimeError(f"CUDA tables need compute capability 7.0 or newer, "
+                                   f"this GPU has {cc[0]}.{cc[1]}")
         cuda = _cuda
         _K = cuda_kernels.build(_Launch.threads)
     return _K
@@ -135,6 +140,7 @@ class Scratch:
 
     def __init__(self):
         self._bufs = {}
+        self._views = {}     # name -> the last view handed out (slicing costs ~25 us)
         self._counters = {}
 
     def array(self, name, n, dtype):
@@ -144,18 +150,22 @@ class Scratch:
         if buf is None or buf.shape[0] < n or buf.dtype != dtype:
             buf = cuda.device_array(max(16, n + n // 4), dtype)
             self._bufs[name] = buf
-        return buf[:n]
+            self._views.pop(name, None)
+        view = self._views.get(name)
+        if view is None or view.shape[0] != n:
+            view = self._views[name] = buf[:n]
+        return view
 
     def counter(self, name):
         """``(device int64[1], its value now)``."""
-        if name not in self._counters:
-            self._counters[name] = [filled(1, 0, np.int64), 0]
-        return tuple(self._counters[name])
+        if name not in self._counters:   # device counter, last value, pinned host copy
+            self._counters[name] = [filled(1, 0, np.int64), 0, cuda.pinned_array(1, np.int64)]
+        return tuple(self._counters[name][:2])
 
     def read(self, name):
         """How much counter ``name`` grew since the last read (waits for the GPU)."""
         c = self._counters[name]
-        now = int(c[0].copy_to_host()[0])
+        now = int(c[0].copy_to_host(c[2])[0])
         grew, c[1] = now - c[1], now
         return grew
 
@@ -241,22 +251,28 @@ def find_rows(slots, mask, keys, rows, scratch=None):
 def find_or_insert_rows(slots, mask, keys, rows, inserted, alloc, free_rows, n_free, fresh_start):
     """rows[i] = row of keys[i], inserting absent keys; inserted[i] marks the inserter.
 
-    ``alloc[0]`` counts the rows handed out, as on the CPU.  Present keys are
-    found with plain loads (``find_row``) before any atomic is tried.
+    ``alloc[0]`` counts the rows handed out, as on the CPU.
     """
     K = _kernels()
     _go(K.find_or_insert_rows, keys.shape[0], slots, mask, keys, rows, inserted, alloc,
         free_rows, n_free, fresh_start)
 
 
-def insert_rows(slots, mask, keys, rows, inserted, free_rows, n_free, fresh_start, scratch):
+def insert_rows(slots, mask, keys, rows, inserted, free_rows, n_free, fresh_start, scratch,
+                then=None):
     """:func:`find_or_insert_rows` with a counter from ``scratch``; returns the rows handed
     out.  The counter is never reset: it starts at some ``c0``, so the kernel is
     told that the free list holds ``n_free + c0`` rows, which makes
-    ``take_row`` hand out exactly what it would from zero."""
+    ``take_row`` hand out exactly what it would from zero.
+
+    ``then()``, when given, is called right after the launch, before the host
+    waits for the count: work it launches queues behind the insert, so the
+    GPU is not idle while the host launches it."""
     alloc, c0 = scratch.counter("alloc")
     find_or_insert_rows(slots, mask, keys, rows, inserted, alloc, free_rows, n_free + c0,
                         fresh_start)
+    if then is not None:
+        then()
     return scratch.read("alloc")
 
 
@@ -265,6 +281,14 @@ def init_rows(values, rows, keys, inserted, kind, a, b, seed, const):
     K = _kernels()
     _rows(K.init_rows, keys.shape[0], values.shape[1], *_split(values), rows, keys, inserted,
           kind, a, b, seed, const)
+
+
+def init_gather(values, rows, keys, inserted, fresh_start, out, kind, a, b, seed, const):
+    """:func:`init_rows` and :func:`gather` in one launch; rows ``>= fresh_start`` must
+    be those the insert just before handed out (see ``cpu_table.init_gather``)."""
+    K = _kernels()
+    _rows(K.init_gather, keys.shape[0], out.shape[1], *_split(values), rows, keys, inserted,
+          fresh_start, out, kind, a, b, seed, const)
 
 
 def gather(values, rows, out):
@@ -426,7 +450,8 @@ def compact_nonneg(a, out, at=0):
     return total
 
 
-__all__ = ["lookup", "find_rows", "find_or_insert_rows", "insert_rows", "init_rows", "gather",
+__all__ = ["lookup", "find_rows", "find_or_insert_rows", "insert_rows", "init_rows",
+           "init_gather", "gather",
            "scatter", "assign_rows", "group_keys", "accum_groups", "erase_keys", "rehash",
            "export_slots", "compact_nonneg", "exclusive_scan", "number_keys", "count_true",
            "cast", "invert", "filled", "device_empty_slots", "cuda_api", "launch_config",

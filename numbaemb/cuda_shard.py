@@ -166,14 +166,16 @@ class CudaShard(IndexedRows):
     def _new(self, n, dtype):
         return self.cuda.device_array(max(n, 1), dtype)[:n]
 
-    def _insert(self, keys):
-        """Rows of ``keys``, inserting absent ones (columns not yet initialised)."""
+    def _insert(self, keys, then=None):
+        """Rows of ``keys``, inserting absent ones (columns not yet initialised);
+        ``then(rows, inserted)`` is queued behind the insert (see ``insert_rows``)."""
         self._reserve(keys)
         n = keys.shape[0]
         rows = self._scratch.array("rows", n, np.int64)
         inserted = self._scratch.array("inserted", n, np.bool_)
         handed = k.insert_rows(self.slots, self.mask, keys, rows, inserted, self._free,
-                               self.n_free, self.fresh, self._scratch)
+                               self.n_free, self.fresh, self._scratch,
+                               then and (lambda: then(rows, inserted)))
         self._take_rows(handed)
         return rows, inserted
 
@@ -190,11 +192,20 @@ class CudaShard(IndexedRows):
             k.find_rows(self.slots, self.mask, keys, rows)
             return rows
 
-    def find_or_insert(self, keys):
-        """Rows of ``keys``; absent keys are inserted with initial values in every column."""
+    def find_or_insert(self, keys, out=None):
+        """See :meth:`numbaemb.shard.IndexedRows.find_or_insert` (``out`` a device array).
+
+        With ``out`` and an empty free list the fused init + gather is queued
+        behind the insert before the host waits for the insert's row count.
+        """
         with self.on():
-            rows, inserted = self._insert(keys)
-            self._init_new(rows, keys, inserted)
+            if out is None or self.n_free:
+                return super().find_or_insert(keys, out)
+            fresh_start = self.fresh
+            init = self.columns["values"].init
+            rows, inserted = self._insert(keys, then=lambda rows, inserted: k.init_gather(
+                self.values, rows, keys, inserted, fresh_start, out, *init))
+            self._init_new(rows, keys, inserted, skip=("values",))
             return rows, inserted
 
     def upsert(self, keys, values):

@@ -190,14 +190,13 @@ class Variable:
         exists = a.empty(n, np.bool_)
         with self._lock.write():
             for shard, pos, k in self._parts(keys, flat):
-                rows, inserted = shard.find_or_insert(k)
                 if pos is None:
-                    a.gather(shard.values, rows, out)
+                    _, inserted = shard.find_or_insert(k, out=out)
                     a.invert(inserted, exists)
                 else:
                     o = a.empty((k.shape[0], self.dim), self.value_dtype)
                     e = a.empty(k.shape[0], np.bool_)
-                    a.gather(shard.values, rows, o)
+                    _, inserted = shard.find_or_insert(k, out=o)
                     a.invert(inserted, e)
                     a.put(out, pos, o)
                     a.put(exists, pos, e)

@@ -13,7 +13,7 @@ from jit_kernels import cpu_table as cpu
 from jit_kernels import cuda_table as ct
 from jit_kernels.initializers import CONSTANT, NORMAL, TRUNCATED_NORMAL, UNIFORM, ZEROS
 from jit_kernels.slots import empty_slots
-from tests.cuda_support import needs_cuda
+from tests.cuda_support import needs_cuda, needs_real_gpu
 from tests.jit_kernels.test_cpu_table import insert as cpu_insert
 
 pytestmark = [pytest.mark.cuda, needs_cuda]
@@ -195,6 +195,58 @@ def test_init_rows_and_gather_match_cpu(cuda, dim):
     g_out = cuda.device_array((90, dim), np.float64)
     ct.gather(cuda.to_device(c_vals), cuda.to_device(pick), g_out)
     assert (g_out.copy_to_host() == c_out).all()
+
+
+@pytest.mark.parametrize("dim", [1, 3, 64])
+def test_init_gather_matches_cpu(cuda, dim):
+    """Fused init + gather: inserters write their row, repeats of a key inserted in
+    this batch (rows >= fresh_start) draw the value themselves, the rest copy."""
+    rng = np.random.default_rng(5)
+    n, fresh_start = 80, 30
+    row_keys = keys_with_extremes(rng, 68)[8:]           # one key per row
+    rows = rng.integers(0, 60, n).astype(np.int64)
+    keys = row_keys[rows]
+    inserted = np.zeros(n, np.bool_)                      # one inserter per new row, anywhere
+    for r in np.unique(rows[rows >= fresh_start]):
+        inserted[rng.choice(np.flatnonzero(rows == r))] = True
+    init = (NORMAL, 0.0, 1.0, 11, np.zeros(dim))
+    values = rng.standard_normal((60, dim)).astype(np.float32)
+    c_vals, c_out = values.copy(), np.empty((n, dim), np.float32)
+    cpu.init_gather(c_vals, rows, keys, inserted, fresh_start, c_out, *init)
+    g_vals, g_out = cuda.to_device(values), cuda.device_array((n, dim), np.float32)
+    ct.init_gather(g_vals, cuda.to_device(rows), cuda.to_device(keys), cuda.to_device(inserted),
+                   fresh_start, g_out, NORMAL, 0.0, 1.0, 11, cuda.to_device(init[4]))
+    assert (g_out.copy_to_host() == c_out).all()
+    assert (g_vals.copy_to_host() == c_vals).all()
+
+
+@needs_real_gpu
+def test_large_batch_inserts_and_fused_init_gather(cuda):
+    """2^20 keys, half of them repeats, on a real GPU: one inserter and one row per
+    key, rows 0..n_distinct-1 (warp-shared row counter), and every position of
+    the fused pass gets the key's initial value, repeats included."""
+    rng = np.random.default_rng(6)
+    distinct = keys_with_extremes(rng, 1 << 19)[8:]
+    distinct = np.unique(np.concatenate([distinct, EXTREMES]))
+    keys = rng.permutation(np.concatenate([distinct, rng.choice(distinct, 1 << 19)]))
+    slots = ct.device_empty_slots(1 << 21)
+    rows, inserted, handed = gpu_insert(cuda, slots, keys)
+    assert handed == distinct.shape[0] == inserted.sum()
+    assert sorted(rows[inserted].tolist()) == list(range(handed))
+    mapping = index_map(slots.copy_to_host())
+    assert len(mapping) == handed
+    assert (np.array([mapping[int(k)] for k in keys]) == rows).all()
+    dim = 16
+    init = (NORMAL, 0.0, 1.0, 3, np.zeros(dim))
+    values = cuda.to_device(np.full((handed, dim), np.nan, np.float32))
+    out = cuda.device_array((keys.shape[0], dim), np.float32)
+    ct.init_gather(values, cuda.to_device(rows), cuda.to_device(keys), cuda.to_device(inserted),
+                   0, out, NORMAL, 0.0, 1.0, 3, cuda.to_device(init[4]))
+    want = np.empty((keys.shape[0], dim), np.float32)
+    cpu.lookup(empty_slots(16), 15, keys, np.empty((0, dim), np.float32), want,
+               np.empty(keys.shape[0], np.bool_), *init)
+    assert (out.copy_to_host() == want).all()
+    assert (values.copy_to_host()[rows] == want).all()
 
 
 @pytest.mark.parametrize("dim", [2, 40])
