@@ -73,8 +73,8 @@ class IndexedRows:
         >>> s = Shard(dim=2, dtype=np.float32, init=(CONSTANT, 0.0, 0.0, 0, np.array([1.5, 2.5])))
         >>> out = np.empty((3, 2), np.float32)
         >>> rows, new = s.find_or_insert(np.array([4, 4, 9]), out=out)
-        >>> out.tolist(), new.tolist()
-        ([[1.5, 2.5], [1.5, 2.5], [1.5, 2.5]], [True, False, True])
+        >>> out.tolist(), int(new.sum()), bool(rows[0] == rows[1])   # one of the 4s inserts
+        ([[1.5, 2.5], [1.5, 2.5], [1.5, 2.5]], 2, True)
         """
         fresh_start = self.fresh if self.free_rows.shape[0] == 0 else None
         rows, inserted = self._insert(keys)
@@ -117,8 +117,8 @@ class Shard(IndexedRows):
     >>> from jit_kernels.initializers import ZEROS
     >>> s = Shard(dim=2, dtype=np.float32, init=(ZEROS, 0.0, 0.0, 0, np.zeros(2)))
     >>> rows, new = s.find_or_insert(np.array([5, 5, -1]))
-    >>> int(s.size), new.tolist()
-    (2, [True, False, True])
+    >>> int(s.size), new.tolist()[2], int(new[:2].sum())   # either 5 may be the inserter
+    (2, True, 1)
     """
 
     _kernels = k
