@@ -7,6 +7,7 @@ row number (no hashing: the bandwidth limit of a lookup).
 
     python benchmarks/bench_cuda.py                      # the sizes (H100: ~2 min)
     python benchmarks/bench_cuda.py --log2-capacity 20 --batch 65536 --repeats 3   # smoke
+    python benchmarks/bench_cuda.py --profile --init zeros   # find_or_insert's parts; no draws
 
 Method
 ------
@@ -176,7 +177,7 @@ class Bench:
         try:
             import cupy as cp
             v = cp.asarray(self.values)
-            rows = cp.asarray(hit_idx.astype(np.int64))   # build() gave key i row i
+            rows = cp.asarray(hit_idx.astype(np.int64))   # as many random rows as find reads
             res["limit"] = self.time(lambda: cp.take(v, rows, axis=0))
         except ImportError:
             pass
