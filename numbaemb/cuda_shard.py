@@ -195,18 +195,11 @@ class CudaShard(IndexedRows):
     def find_or_insert(self, keys, out=None):
         """See :meth:`numbaemb.shard.IndexedRows.find_or_insert` (``out`` a device array).
 
-        With ``out`` and an empty free list the fused init + gather is queued
-        behind the insert before the host waits for the insert's row count.
+        With ``out`` the values are filled by launches queued behind the insert,
+        before the host waits for the insert's row count.
         """
         with self.on():
-            if out is None or self.n_free:
-                return super().find_or_insert(keys, out)
-            fresh_start = self.fresh
-            init = self.columns["values"].init
-            rows, inserted = self._insert(keys, then=lambda rows, inserted: k.init_gather(
-                self.values, rows, keys, inserted, fresh_start, out, *init))
-            self._init_new(rows, keys, inserted, skip=("values",))
-            return rows, inserted
+            return super().find_or_insert(keys, out)
 
     def upsert(self, keys, values):
         """Assign ``values`` (n, dim); for a repeated key the last one wins."""

@@ -76,18 +76,22 @@ class IndexedRows:
         >>> out.tolist(), int(new.sum()), bool(rows[0] == rows[1])   # one of the 4s inserts
         ([[1.5, 2.5], [1.5, 2.5], [1.5, 2.5]], 2, True)
         """
-        fresh_start = self.fresh if self.free_rows.shape[0] == 0 else None
-        rows, inserted = self._insert(keys)
         if out is None:
+            rows, inserted = self._insert(keys)
             self._init_new(rows, keys, inserted)
             return rows, inserted
-        init = self.columns["values"].init
+        k, init = self._kernels, self.columns["values"].init
+        fresh_start = self.fresh if self.free_rows.shape[0] == 0 else None
+
+        def fill(rows, inserted):   # runs right after the insert (see _insert)
+            if fresh_start is None:     # rows came from the free list: no fused pass
+                k.init_rows(self.values, rows, keys, inserted, *init)
+                k.gather(self.values, rows, out)
+            else:
+                k.init_gather(self.values, rows, keys, inserted, fresh_start, out, *init)
+
+        rows, inserted = self._insert(keys, then=fill)
         self._init_new(rows, keys, inserted, skip=("values",))
-        if fresh_start is None:     # rows came from the free list: no fused pass
-            self._kernels.init_rows(self.values, rows, keys, inserted, *init)
-            self._kernels.gather(self.values, rows, out)
-        else:
-            self._kernels.init_gather(self.values, rows, keys, inserted, fresh_start, out, *init)
         return rows, inserted
 
     # ---- capacity (shared; subclasses provide _count_absent, _rehashed, _reserve_rows) ----
@@ -185,10 +189,14 @@ class Shard(IndexedRows):
         self.fresh += handed_out - from_free
         self.n_full += handed_out
 
-    def _insert(self, keys):
-        """Rows of ``keys``, inserting absent ones (columns not yet initialised)."""
+    def _insert(self, keys, then=None):
+        """Rows of ``keys``, inserting absent ones (columns not yet initialised);
+        ``then(rows, inserted)``, when given, runs right after the insert."""
         self._reserve(keys)
-        return self._insert_reserved(keys)
+        rows, inserted = self._insert_reserved(keys)
+        if then is not None:
+            then(rows, inserted)
+        return rows, inserted
 
     def _insert_reserved(self, keys):
         """``_insert`` once room was made (benchmarks time the probe alone)."""
