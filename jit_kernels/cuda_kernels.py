@@ -97,9 +97,9 @@ def build(threads):
 
     @jit(device=True)
     def init_both(dst, out, key, kind, a, b, seed, const, lane, lanes):
-        """:func:`init_cols` into ``dst`` and ``out`` at once (the same values).  (Drawing
-        the central branch for every column before the tails, as ``init_row`` does on
-        the CPU, was slower here: 0.98 vs 0.84 ms for 1M rows of 64 on an H100.)"""
+        """:func:`init_cols` into ``dst`` and ``out`` at once (the same values).  (Session
+        5's float64 generator drawn in two passes, as ``init_row`` then did on the CPU,
+        was slower here: 0.98 vs 0.84 ms for 1M rows of 64 on an H100.)"""
         stream = key_stream(seed, key)
         for c in range(lane, dst.shape[0], lanes):
             v = init_value(stream, c, kind, a, b, const)
