@@ -69,7 +69,9 @@ class Optimizer:
         """Name of the shard column holding ``slot``, e.g. ``"Adam/m"``."""
         return f"{type(self).__name__}/{slot}"
 
-    def _update(self, values, cols, rows, grads, lr, step):
+    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None):
+        """Update ``values[rows[i]]`` and its slot rows by ``grads[i]``; rows with
+        ``fresh[i]`` start from weights ``w0[i]`` and initial slots in the same pass."""
         raise NotImplementedError
 
 
@@ -91,9 +93,9 @@ class SGD(Optimizer):
     def slots(self):
         return (("momentum", 0.0),) if self.momentum != 0 else ()
 
-    def _update(self, values, cols, rows, grads, lr, step):
+    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None):
         _k.sgd_rows(values, cols.get("momentum", values), rows, grads, lr, self.momentum,
-                    self.nesterov)
+                    self.nesterov, fresh=fresh, w0=w0)
 
 
 @dataclass(frozen=True)
@@ -108,8 +110,9 @@ class Adagrad(Optimizer):
     def slots(self):
         return (("accumulator", self.initial_accumulator_value),)
 
-    def _update(self, values, cols, rows, grads, lr, step):
-        _k.adagrad_rows(values, cols["accumulator"], rows, grads, lr, self.epsilon)
+    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None):
+        _k.adagrad_rows(values, cols["accumulator"], rows, grads, lr, self.epsilon,
+                        fresh=fresh, w0=w0, s0=(self.initial_accumulator_value,))
 
 
 @dataclass(frozen=True)
@@ -134,10 +137,10 @@ class Adam(Optimizer):
         return float(t(lr) * np.sqrt(t(1) - t(self.beta_2) ** t(step))
                      / (t(1) - t(self.beta_1) ** t(step)))
 
-    def _update(self, values, cols, rows, grads, lr, step):
+    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None):
         alpha = self.step_size(lr, step, values.dtype)
         _k.adam_rows(values, cols["m"], cols["v"], cols.get("vhat", values), rows, grads, alpha,
-                     self.beta_1, self.beta_2, self.epsilon, self.amsgrad)
+                     self.beta_1, self.beta_2, self.epsilon, self.amsgrad, fresh=fresh, w0=w0)
 
 
 @dataclass(frozen=True)
@@ -160,11 +163,12 @@ class Ftrl(Optimizer):
     def slots(self):
         return (("accumulator", self.initial_accumulator_value), ("linear", 0.0))
 
-    def _update(self, values, cols, rows, grads, lr, step):
+    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None):
         _k.ftrl_rows(values, cols["accumulator"], cols["linear"], rows, grads, lr,
                      self.learning_rate_power, self.l1_regularization_strength,
                      self.l2_regularization_strength,
-                     self.l2_shrinkage_regularization_strength, self.beta)
+                     self.l2_shrinkage_regularization_strength, self.beta,
+                     fresh=fresh, w0=w0, s0=(self.initial_accumulator_value, 0.0))
 
 
 @dataclass(frozen=True)
@@ -183,10 +187,10 @@ class RMSprop(Optimizer):
         return ((("velocity", 0.0),) + ((("momentum", 0.0),) if self.momentum > 0 else ())
                 + ((("average_gradient", 0.0),) if self.centered else ()))
 
-    def _update(self, values, cols, rows, grads, lr, step):
+    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None):
         _k.rmsprop_rows(values, cols["velocity"], cols.get("momentum", values),
                         cols.get("average_gradient", values), rows, grads, lr, self.rho,
-                        self.momentum, self.epsilon, self.centered)
+                        self.momentum, self.epsilon, self.centered, fresh=fresh, w0=w0)
 
 
 def _check(variable, optimizer):
@@ -267,16 +271,19 @@ def apply_gradients(variable, optimizer, ids, grads, *, step, learning_rate=None
         return
     with variable._lock.write():
         _add_slot_columns(variable, optimizer)
+        names = [optimizer.column(name) for name, _ in optimizer.slots()]
         for shard, pos, k in variable._parts(uniq.astype(variable.key_dtype, copy=False), uniq):
+            fresh = w0 = None
             if init_vals is None:
                 rows, _ = shard.find_or_insert(k)
-            else:
-                rows = shard.find_or_insert_with(k, init_vals if pos is None else init_vals[pos],
-                                                 init_ok if pos is None else init_ok[pos])
+            else:       # new rows are started by the update itself, in one pass
+                rows, fresh, w0 = shard.find_or_insert_for_update(
+                    k, init_vals if pos is None else init_vals[pos],
+                    init_ok if pos is None else init_ok[pos], names)
             cols = {name: shard.columns[optimizer.column(name)].data
                     for name, _ in optimizer.slots()}
             optimizer._update(shard.values, cols, rows, sums if pos is None else sums[pos],
-                              lr, step)
+                              lr, step, fresh, w0)
 
 
 def _add_slot_columns(variable, optimizer):

@@ -17,7 +17,6 @@ import numba
 import numpy as np
 
 from jit_kernels import cpu_table as k
-from jit_kernels.optimizers import set_rows_where
 from jit_kernels.slots import empty_slots
 
 from ._arena import Column, arena_empty, arena_grow, populate, prefault
@@ -220,27 +219,31 @@ class Shard(IndexedRows):
         k.find_rows(self.slots, self.mask, keys, rows)
         return rows
 
-    def find_or_insert_with(self, keys, values, valid):
-        """Rows of ``keys``, inserting absent ones with weights ``values[i]`` (shape
-        ``(n, dim)``) where ``valid[i]``, else their initial values; the other columns
-        (optimizer slots) get their initial values.  Present keys are left alone.
+    def find_or_insert_for_update(self, keys, values, valid, columns):
+        """Rows of ``keys`` for an update that starts the new rows itself, in its own
+        pass (:mod:`jit_kernels.optimizers`' ``fresh`` rows): returns ``(rows,
+        inserted, w0)``.  Absent keys are inserted; their columns other than
+        ``"values"`` and ``columns`` get initial values here; ``w0[i]`` is the
+        weights a new row starts from: ``values[i]`` where ``valid[i]`` (e.g. the
+        initial rows a lookup drew), else the key's initial value.  The caller writes
+        the weights and ``columns`` of every inserted row before it releases the
+        variable's lock.  Shapes: ``keys`` (n,), ``values`` (n, dim), ``valid`` (n,).
 
         >>> from jit_kernels.initializers import CONSTANT
         >>> s = Shard(dim=1, dtype=np.float32, init=(CONSTANT, 0.0, 0.0, 0, np.array([9.0])))
-        >>> rows = s.find_or_insert_with(np.array([1, 2]), np.array([[5.0], [6.0]], np.float32),
-        ...                              np.array([True, False]))
-        >>> s.values[rows].ravel().tolist()
-        [5.0, 9.0]
+        >>> rows, new, w0 = s.find_or_insert_for_update(
+        ...     np.array([1, 2]), np.array([[5.0], [6.0]], np.float32), np.array([True, False]), [])
+        >>> new.tolist(), w0.ravel().tolist()
+        ([True, True], [5.0, 9.0])
         """
         rows, inserted = self._insert(keys)
-        self._init_new(rows, keys, inserted, skip=("values",))
+        self._init_new(rows, keys, inserted, skip=("values", *columns))
         draw = inserted & ~valid
-        take = inserted & valid
         if draw.any():
-            k.init_rows(self.values, rows, keys, draw, *self.columns["values"].init)
-        if take.any():
-            set_rows_where(self.values, rows, values, take)
-        return rows
+            values = values.copy()
+            k.init_rows(values, np.arange(keys.shape[0]), keys, draw,
+                        *self.columns["values"].init)
+        return rows, inserted, values
 
     def upsert(self, keys, values):
         """Assign ``values`` (n, dim); for a repeated key the last one wins."""

@@ -60,30 +60,32 @@ def naive_rmsprop(w, s, g, lr, rho=0.9, momentum=0.0, epsilon=1e-7, centered=Fal
 
 
 # (oracle, slot names and initial values, driver call, hyper-parameters)
-def _sgd(v, s, rows, g, lr, step, **h):
+# ``start``: the driver's fresh / w0 / s0 keywords (new rows started in the pass)
+def _sgd(v, s, rows, g, lr, step, start=None, **h):
     k.sgd_rows(v, s.get("momentum", v), rows, g, lr, h.get("momentum", 0.0),
-               h.get("nesterov", False))
+               h.get("nesterov", False), **(start or {}))
 
 
-def _adagrad(v, s, rows, g, lr, step, **h):
-    k.adagrad_rows(v, s["accumulator"], rows, g, lr, h.get("epsilon", 1e-7))
+def _adagrad(v, s, rows, g, lr, step, start=None, **h):
+    k.adagrad_rows(v, s["accumulator"], rows, g, lr, h.get("epsilon", 1e-7), **(start or {}))
 
 
-def _adam(v, s, rows, g, lr, step, **h):
+def _adam(v, s, rows, g, lr, step, start=None, **h):
     b1, b2 = h.get("beta_1", 0.9), h.get("beta_2", 0.999)
     k.adam_rows(v, s["m"], s["v"], s.get("vhat", v), rows, g, step_size(lr, b1, b2, step),
-                b1, b2, h.get("epsilon", 1e-7), h.get("amsgrad", False))
+                b1, b2, h.get("epsilon", 1e-7), h.get("amsgrad", False), **(start or {}))
 
 
-def _ftrl(v, s, rows, g, lr, step, **h):
+def _ftrl(v, s, rows, g, lr, step, start=None, **h):
     k.ftrl_rows(v, s["accumulator"], s["linear"], rows, g, lr, h.get("lr_power", -0.5),
-                h.get("l1", 0.0), h.get("l2", 0.0), h.get("l2s", 0.0), h.get("beta", 0.0))
+                h.get("l1", 0.0), h.get("l2", 0.0), h.get("l2s", 0.0), h.get("beta", 0.0),
+                **(start or {}))
 
 
-def _rmsprop(v, s, rows, g, lr, step, **h):
+def _rmsprop(v, s, rows, g, lr, step, start=None, **h):
     k.rmsprop_rows(v, s["velocity"], s.get("momentum", v), s.get("average_gradient", v), rows, g,
                    lr, h.get("rho", 0.9), h.get("momentum", 0.0), h.get("epsilon", 1e-7),
-                   h.get("centered", False))
+                   h.get("centered", False), **(start or {}))
 
 
 CASES = {
@@ -135,6 +137,35 @@ def test_driver_matches_oracle_on_the_rows_it_is_given(name, dtype):
     np.testing.assert_array_equal(values[untouched], before[0])
     for n in slots:
         np.testing.assert_array_equal(s[n][untouched], before[1][n])
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_fresh_rows_start_in_the_update_pass(name, dtype):
+    """``fresh`` rows get weights ``w0`` and slots ``s0`` and then their update: the
+    same bits as starting them first (as separate writes) and updating after."""
+    oracle, slots, driver, h = CASES[name]
+    rng = np.random.default_rng(1)
+    cap, d, n = 40, 5, 16
+    rows = rng.permutation(cap)[:n].astype(np.int64)
+    fresh = rng.random(n) < 0.5
+    w0 = rng.standard_normal((n, d)).astype(dtype)
+    g = rng.standard_normal((n, d)).astype(dtype)
+    garbage = rng.standard_normal((cap, d)).astype(dtype)     # what a new row held before
+    values = garbage.copy()
+    s = {k_: np.full((cap, d), 7.0, dtype) for k_ in slots}
+    s0 = tuple(slots.values())
+    for k_, init in slots.items():
+        s[k_][rows[~fresh]] = init + 0.25
+    want_v, want_s = values.copy(), {k_: a.copy() for k_, a in s.items()}
+    want_v[rows[fresh]] = w0[fresh]
+    for k_, init in slots.items():
+        want_s[k_][rows[fresh]] = init
+    driver(want_v, want_s, rows, g, 0.05, 3, **h)
+    driver(values, s, rows, g, 0.05, 3, start=dict(fresh=fresh, w0=w0, s0=s0), **h)
+    np.testing.assert_array_equal(values, want_v)
+    for k_ in slots:
+        np.testing.assert_array_equal(s[k_], want_s[k_])
 
 
 def test_row_bodies_update_one_row_in_place():
