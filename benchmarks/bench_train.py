@@ -266,8 +266,8 @@ def patch_for_breakdown(timers):
     w(ne_opt, "unique_inverse", "apply: unique + segment-sum (skipped if keys distinct)")
     w(ne_opt, "segment_sum", "apply: unique + segment-sum (skipped if keys distinct)")
     w(cpu_table, "find_or_insert_rows", "apply: find_or_insert (probe, insert)")
-    w(cpu_table, "init_rows", "apply: initial rows of new ids (weights + slots)")
-    w(jk, "adam_rows", "apply: Adam row update")
+    w(cpu_table, "init_rows", "apply: initial rows of new ids (other columns, draws)")
+    w(jk, "adam_rows", "apply: Adam row update (new rows started in the same pass)")
     # the python function inside each tf.numpy_function (to get the hand-off)
     for mod in (lk, tv, op):
         orig = mod.numpy_call
@@ -357,8 +357,8 @@ def breakdown_rows(mine, ops, fn_ms, step_ms):
         mine.get("backward: segment-sum per distinct id (Numba)", 0.0))
     apply_labels = ("apply: unique + segment-sum (skipped if keys distinct)",
                     "apply: find_or_insert (probe, insert)",
-                    "apply: initial rows of new ids (weights + slots)",
-                    "apply: Adam row update")
+                    "apply: initial rows of new ids (other columns, draws)",
+                    "apply: Adam row update (new rows started in the same pass)")
     for label in apply_labels:
         add(label, mine.get(label, 0.0))
     apply_py = sum(v for k, v in mine.items() if k.startswith("py:") and k.endswith("_apply"))

@@ -1,7 +1,24 @@
 """Allocation helpers: buffers aligned for zero-copy hand-off (TF needs 64 bytes)."""
+import sys
+import threading
+
 import numpy as np
 
 ALIGN = 64
+
+
+def _nbytes(shape, dtype):
+    count = int(np.prod(shape, dtype=np.int64))
+    return count, max(count, 1) * dtype.itemsize   # a zero-length slice would lose the offset
+
+
+def _aligned_view(raw, shape, dtype, count, nbytes, align):
+    offset = (-raw.ctypes.data) % align
+    return raw[offset:offset + nbytes].view(dtype)[:count].reshape(shape)
+
+
+def _shape(shape):
+    return (shape,) if np.isscalar(shape) else tuple(shape)
 
 
 def aligned_empty(shape, dtype, align: int = ALIGN) -> np.ndarray:
@@ -13,13 +30,58 @@ def aligned_empty(shape, dtype, align: int = ALIGN) -> np.ndarray:
     >>> aligned_empty((0, 8), np.float32).ctypes.data % 64
     0
     """
-    dtype = np.dtype(dtype)
-    shape = (shape,) if np.isscalar(shape) else tuple(shape)
-    count = int(np.prod(shape, dtype=np.int64))
-    nbytes = max(count, 1) * dtype.itemsize   # a zero-length slice would lose the offset
-    raw = np.empty(nbytes + align, np.uint8)
-    offset = (-raw.ctypes.data) % align
-    return raw[offset:offset + nbytes].view(dtype)[:count].reshape(shape)
+    dtype, shape = np.dtype(dtype), _shape(shape)
+    count, nbytes = _nbytes(shape, dtype)
+    return _aligned_view(np.empty(nbytes + align, np.uint8), shape, dtype, count, nbytes, align)
+
+
+class BufferPool:
+    """:func:`aligned_empty` from a few buffers that are reused once nothing else
+    references them (the views handed out, TensorFlow's tensors of them).
+
+    For the temporaries a training step hands to TensorFlow every step (the 16 MB
+    embedding output of the benchmark's job): a fresh array that large is a fresh
+    ``mmap`` whenever glibc's moving threshold is below its size, and writing it
+    then faults and zeroes every page.  On the 2-core VM that happened in ~10% of
+    the steps after a table's index had grown (freeing the old index moves the
+    threshold), 15-20 ms each.  A buffer is reused for a request of at least half
+    its size; at most ``keep`` buffers are kept (the least recently used go).
+
+    >>> pool = BufferPool()
+    >>> a = pool.empty((4, 3), np.float32); p = a.ctypes.data
+    >>> b = pool.empty((4, 3), np.float32); b.ctypes.data == p      # a holds its buffer
+    False
+    >>> del a
+    >>> c = pool.empty((2, 5), np.float32); c.ctypes.data == p      # free again: reused
+    True
+    """
+
+    def __init__(self, keep=4, align=ALIGN):
+        self._keep, self._align = keep, align
+        self._bufs = []                  # raw uint8 arrays, most recently used first
+        self._lock = threading.Lock()
+
+    def empty(self, shape, dtype) -> np.ndarray:
+        dtype, shape = np.dtype(dtype), _shape(shape)
+        count, nbytes = _nbytes(shape, dtype)
+        need = nbytes + self._align
+        with self._lock:
+            raw = self._take(need)
+            if raw is None:
+                raw = np.empty(need, np.uint8)
+                self._bufs.insert(0, raw)
+                del self._bufs[self._keep:]     # dropped ones live on while referenced
+            return _aligned_view(raw, shape, dtype, count, nbytes, self._align)
+
+    def _take(self, need):
+        for i in range(len(self._bufs)):
+            raw = self._bufs[i]
+            # references: the list, ``raw`` here and getrefcount's argument; every
+            # live view (and so every tensor made of one) adds one
+            if need <= raw.shape[0] <= 2 * need and sys.getrefcount(raw) == 3:
+                self._bufs.insert(0, self._bufs.pop(i))
+                return raw
+        return None
 
 
 def is_aligned(arr: np.ndarray, align: int = ALIGN) -> bool:

@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from jit_kernels.segment import gather_rows, segment_sum_into, unique_inverse
 from numbaemb import aligned_empty
+from numbaemb._memory import BufferPool
 
 from . import mode
 from .dlpack import from_tf, numpy_call, to_tf
@@ -40,6 +41,9 @@ __all__ = ["embedding_lookup", "embedding_lookup_unique", "embedding_lookup_spar
            "safe_embedding_lookup_sparse", "unique_lookup", "sum_by_key", "is_distinct"]
 
 COMBINERS = ("sum", "mean", "sqrtn")
+# the per-step outputs handed to TensorFlow (embeddings, gradient sums): reused once TF has
+# dropped them, so a training step does not fault in a fresh 16 MB mapping (BufferPool)
+_POOL = BufferPool()
 
 
 def _check_params(params):
@@ -113,7 +117,7 @@ def unique_lookup(params, ids, handle=None):
         if stash:
             _keep_fresh(params, uniq, rows, exists, shared=distinct)
         if not distinct:                 # spread the rows to every position
-            rows = gather_rows(rows, inverse, aligned_empty((n, dim), rows.dtype))
+            rows = gather_rows(rows, inverse, _POOL.empty((n, dim), rows.dtype))
         rows = rows.reshape(n, dim)
         return (rows, uniq.astype(key_np, copy=False), inverse) if train else (rows,)
 
@@ -233,7 +237,7 @@ def _segment_sums(params, keys, inverse, values, every):
     key_np, dim = params.key_dtype.as_numpy_dtype, params.dim
 
     def sums_of(k, inv, vals):
-        out = aligned_empty((k.shape[0], dim), vals.dtype)
+        out = _POOL.empty((k.shape[0], dim), vals.dtype)
         return segment_sum_into(np.ascontiguousarray(vals), inv, out, numba.get_num_threads())
 
     if every:

@@ -275,3 +275,34 @@ def test_safe_lookup_ragged_zero_rows_and_bad_rank():
     with pytest.raises(ValueError, match="sparse_ids.*rank 2"):
         de.safe_embedding_lookup_sparse(v, tf.ragged.constant([[[1, 2]], [[3]]], tf.int64))
     assert int(v.size()) == 0
+
+
+def test_pooled_outputs_are_reused_only_once_tensorflow_drops_them():
+    """The training lookup's output and its gradient sums come from a buffer pool: a
+    tensor still alive keeps its buffer (later steps never overwrite it); a dropped
+    one's buffer serves a later step."""
+    from tf_bridge.dlpack import from_tf
+    v = var()
+    opt = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(0.5))
+
+    def step(ids):
+        with tf.GradientTape() as tape:
+            e = de.embedding_lookup(v, tf.constant(ids, tf.int64))
+            loss = tf.reduce_sum(e * e)
+        g = tape.gradient(loss, [v])
+        opt.apply_gradients(zip(g, [v]))
+        return e, g[0].values
+
+    e1, s1 = step([[1, 2], [2, 3]])                  # repeated ids: the spread path
+    kept = e1.numpy().copy(), s1.numpy().copy()
+    ptrs = {from_tf(e1).ctypes.data, from_tf(s1).ctypes.data}
+    later = [step([[4, 5], [5, 9]])]                # (the pool keeps 4 buffers)
+    np.testing.assert_array_equal(e1.numpy(), kept[0])       # not overwritten
+    np.testing.assert_array_equal(s1.numpy(), kept[1])
+    assert not ptrs & {from_tf(t).ctypes.data for pair in later for t in pair}
+    del e1, s1                                      # (later's buffers stay taken)
+    want = v.lookup(tf.constant([[1, 7], [7, 7]], tf.int64)).numpy()
+    e, s = step([[1, 7], [7, 7]])
+    assert {from_tf(e).ctypes.data, from_tf(s).ctypes.data} == ptrs      # both reused
+    np.testing.assert_array_equal(e.numpy(), want)
+    np.testing.assert_array_equal(s.numpy(), 2 * np.stack([want[0, 0], 3 * want[0, 1]]))
