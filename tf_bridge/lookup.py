@@ -41,9 +41,19 @@ __all__ = ["embedding_lookup", "embedding_lookup_unique", "embedding_lookup_spar
            "safe_embedding_lookup_sparse", "unique_lookup", "sum_by_key", "is_distinct"]
 
 COMBINERS = ("sum", "mean", "sqrtn")
-# the per-step outputs handed to TensorFlow (embeddings, gradient sums): reused once TF has
-# dropped them, so a training step does not fault in a fresh 16 MB mapping (BufferPool)
-_POOL = BufferPool()
+# each variable's per-step outputs handed to TensorFlow (embeddings, gradient sums) come from
+# its own BufferPool: reused once TF has dropped them, so a training step does not fault in a
+# fresh 16 MB mapping; one pool a variable, so a model with many tables still reuses them all
+_POOLS = weakref.WeakKeyDictionary()
+_POOLS_LOCK = threading.Lock()
+
+
+def _pool(params):
+    with _POOLS_LOCK:
+        pool = _POOLS.get(params)
+        if pool is None:
+            pool = _POOLS[params] = BufferPool()
+        return pool
 
 
 def _check_params(params):
@@ -117,7 +127,7 @@ def unique_lookup(params, ids, handle=None):
         if stash:
             _keep_fresh(params, uniq, rows, exists, shared=distinct)
         if not distinct:                 # spread the rows to every position
-            rows = gather_rows(rows, inverse, _POOL.empty((n, dim), rows.dtype))
+            rows = gather_rows(rows, inverse, _pool(params).empty((n, dim), rows.dtype))
         rows = rows.reshape(n, dim)
         return (rows, uniq.astype(key_np, copy=False), inverse) if train else (rows,)
 
@@ -237,7 +247,7 @@ def _segment_sums(params, keys, inverse, values, every):
     key_np, dim = params.key_dtype.as_numpy_dtype, params.dim
 
     def sums_of(k, inv, vals):
-        out = _POOL.empty((k.shape[0], dim), vals.dtype)
+        out = _pool(params).empty((k.shape[0], dim), vals.dtype)
         return segment_sum_into(np.ascontiguousarray(vals), inv, out, numba.get_num_threads())
 
     if every:
