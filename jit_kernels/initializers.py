@@ -68,7 +68,6 @@ _f = np.float32
 _S9 = np.uint64(9)
 _S32 = np.uint64(32)
 _LOW32 = np.uint64(0xFFFFFFFF)
-_ONE = np.uint64(1)
 _TWO_M23 = _f(2.0 ** -23)
 _TWO_M24 = _f(2.0 ** -24)
 _HALF, _ONE32, _TWO32 = _f(0.5), _f(1.0), _f(2.0)
@@ -82,7 +81,7 @@ H0, H1, H2, H3, H4, H5, H6, H7, H8 = (_f(-0.000200214257), _f(0.000100950558),
                                       _f(0.00134934322), _f(-0.00367342844),
                                       _f(0.00573950773), _f(-0.0076224613),
                                       _f(0.00943887047), _f(1.00167406), _f(2.83297682))
-_SQRT2, _FOUR, _F2_5, _THREE, _FIVE = (_f(1.4142135623730951), _f(4.0), _f(2.5), _f(3.0),
+SQRT2, _FOUR, _F2_5, _THREE, _FIVE = (_f(1.4142135623730951), _f(4.0), _f(2.5), _f(3.0),
                                        _f(5.0))
 # log(1 + f) = f - f**2 / 2 + f**3 * L(f) on [sqrt(1/2) - 1, sqrt(2) - 1] (Cephes' logf).
 L0, L1, L2, L3, L4, L5, L6, L7, L8 = (_f(7.0376836292e-2), _f(-1.1514610310e-1),
@@ -228,7 +227,7 @@ def ppf_near(p, w):
     """``normal_ppf(p)`` for ``w = ppf_w(p) < 5``: a polynomial in ``w - 2.5``."""
     v = w - _F2_5
     g = poly8(v, G0, G1, G2, G3, G4, G5, G6, G7, G8)
-    return mul(mul(_SQRT2, g), mul(_TWO32, p) - _ONE32)
+    return mul(mul(SQRT2, g), mul(_TWO32, p) - _ONE32)
 
 
 @njit(**_inline)
@@ -236,7 +235,7 @@ def ppf_far(p, w):
     """``normal_ppf(p)`` for ``w >= 5`` (|z| > 2.93): a polynomial in ``sqrt(w) - 3``."""
     v = math.sqrt(w) - _THREE
     h = poly8(v, H0, H1, H2, H3, H4, H5, H6, H7, H8)
-    return mul(mul(_SQRT2, h), mul(_TWO32, p) - _ONE32)
+    return mul(mul(SQRT2, h), mul(_TWO32, p) - _ONE32)
 
 
 @njit(**_inline)

@@ -83,9 +83,9 @@ def normal_ppf(p):
     t = tf.minimum(p, one - p)
     w = -log32(_f32(4.0) * t * (one - t))
     x = _f32(2.0) * p - one
-    near = _f32(k._SQRT2) * poly8(w - _f32(2.5), (k.G0, k.G1, k.G2, k.G3, k.G4, k.G5, k.G6,
+    near = _f32(k.SQRT2) * poly8(w - _f32(2.5), (k.G0, k.G1, k.G2, k.G3, k.G4, k.G5, k.G6,
                                                   k.G7, k.G8)) * x
-    far = _f32(k._SQRT2) * poly8(tf.sqrt(w) - _f32(3.0), (k.H0, k.H1, k.H2, k.H3, k.H4, k.H5,
+    far = _f32(k.SQRT2) * poly8(tf.sqrt(w) - _f32(3.0), (k.H0, k.H1, k.H2, k.H3, k.H4, k.H5,
                                                           k.H6, k.H7, k.H8)) * x
     return tf.where(w < _f32(5.0), near, far)
 
