@@ -2,7 +2,9 @@
 
 Each initializer is a frozen dataclass.  ``params(dim, seed)`` turns it into
 the ``(kind, a, b, seed, const)`` tuple the kernels take.  An initializer's own
-``seed`` wins over the variable's.
+``seed`` wins over the variable's.  The random kinds draw float32 numbers (a
+float64 table holds them exactly), the same bits on the CPU, the GPU and in a
+serving graph: :mod:`jit_kernels.initializers`.
 
 >>> import numpy as np, numbaemb as ne
 >>> v = ne.Variable(dim=3, initializer=ne.initializers.Constant(0.5))
