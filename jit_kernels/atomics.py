@@ -24,9 +24,16 @@ from numba.extending import intrinsic
 __all__ = ["cas", "load_acquire", "store_release", "fetch_add", "claim"]
 
 
-def _pointer(context, builder, aryty, ary, idx):
-    arr = context.make_array(aryty)(context, builder, ary)
-    return cgutils.get_item_pointer(context, builder, aryty, arr, [idx])
+def _pointer(context, builder, sig, args):
+    """Pointer to ``arr[idx]``, the first two arguments of every intrinsic here."""
+    aryty = sig.args[0]
+    arr = context.make_array(aryty)(context, builder, args[0])
+    return cgutils.get_item_pointer(context, builder, aryty, arr, [args[1]])
+
+
+def _width(context, sig):
+    """Bytes of the array's element (the alignment of an atomic load / store)."""
+    return context.get_abi_sizeof(context.get_data_type(sig.args[0].dtype))
 
 
 def _is_cuda(context):
@@ -67,7 +74,7 @@ def cas(typingctx, arr, idx, expected, desired):
     sig = arr.dtype(arr, types.intp, arr.dtype, arr.dtype)
 
     def codegen(context, builder, sig, args):
-        ptr = _pointer(context, builder, sig.args[0], args[0], args[1])
+        ptr = _pointer(context, builder, sig, args)
         if _is_cuda(context):
             return _ptx(builder, "atom.relaxed.gpu.cas{0} $0, [$1], $2, $3;", ptr, args[2:4])
         res = builder.cmpxchg(ptr, args[2], args[3], "seq_cst", "seq_cst")
@@ -84,7 +91,7 @@ def fetch_add(typingctx, arr, idx, value):
     sig = arr.dtype(arr, types.intp, arr.dtype)
 
     def codegen(context, builder, sig, args):
-        ptr = _pointer(context, builder, sig.args[0], args[0], args[1])
+        ptr = _pointer(context, builder, sig, args)
         return builder.atomic_rmw("add", ptr, args[2], "seq_cst")
 
     return sig, codegen
@@ -98,12 +105,10 @@ def load_acquire(typingctx, arr, idx):
     sig = arr.dtype(arr, types.intp)
 
     def codegen(context, builder, sig, args):
-        aryty = sig.args[0]
-        ptr = _pointer(context, builder, aryty, args[0], args[1])
+        ptr = _pointer(context, builder, sig, args)
         if _is_cuda(context):
             return _ptx(builder, "ld.acquire.gpu{0} $0, [$1];", ptr, ())
-        width = context.get_abi_sizeof(context.get_data_type(aryty.dtype))
-        return builder.load_atomic(ptr, "acquire", width)
+        return builder.load_atomic(ptr, "acquire", _width(context, sig))
 
     return sig, codegen
 
@@ -116,13 +121,11 @@ def store_release(typingctx, arr, idx, value):
     sig = types.void(arr, types.intp, arr.dtype)
 
     def codegen(context, builder, sig, args):
-        aryty = sig.args[0]
-        ptr = _pointer(context, builder, aryty, args[0], args[1])
+        ptr = _pointer(context, builder, sig, args)
         if _is_cuda(context):
             _ptx(builder, "st.release.gpu{0} [$0], $1;", ptr, (args[2],), returns=False)
         else:
-            width = context.get_abi_sizeof(context.get_data_type(aryty.dtype))
-            builder.store_atomic(args[2], ptr, "release", width)
+            builder.store_atomic(args[2], ptr, "release", _width(context, sig))
         return context.get_dummy_value()
 
     return sig, codegen
@@ -170,8 +173,7 @@ def claim(typingctx, arr, idx):
     sig = arr.dtype(arr, types.intp)
 
     def codegen(context, builder, sig, args):
-        aryty = sig.args[0]
-        ptr = _pointer(context, builder, aryty, args[0], args[1])
+        ptr = _pointer(context, builder, sig, args)
         ity = ptr.type.pointee
         if not _is_cuda(context):
             return builder.atomic_rmw("add", ptr, ir.Constant(ity, 1), "seq_cst")
