@@ -22,6 +22,10 @@ import os as _os
 
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from jit_kernels._cache import register as _register  # noqa: E402
+
+_register(_os.path.dirname(_os.path.abspath(__file__)), hashed=False)
+
 from . import initializers, policies  # noqa: E402
 from ._memory import aligned_empty, is_aligned  # noqa: E402
 from .sharding import default_partitioner  # noqa: E402

@@ -1,0 +1,117 @@
+"""Numba's on-disk cache, made to notice edits to the kernels a function inlines.
+
+Numba stamps a cached function with a hash of its own source file only.  The
+drivers here inline per-element bodies from other files (``probing``,
+``initializers``, ``atomics``...), so after an edit to one of those (or an
+upgrade that changed only them) a driver's cached machine code would still run
+the old body: stale results, silently.  :func:`register` makes every cached
+function defined under a registered directory carry, in its stamp, a hash of
+the contents of all ``.py`` files of the directories registered with
+``hashed=True``: any edit there recompiles them on next use (about 12 s for
+all of numbaemb's kernels).  ``jit_kernels`` registers itself hashed;
+``numbaemb`` (whose few cached functions use ``jit_kernels``' intrinsics)
+registers unhashed, so that editing its pure-Python files costs no recompile.
+
+It does so by putting, ahead of Numba's own cache locators, subclasses of them
+that only answer for files under a registered directory and add that hash to
+the stamp; the cache files stay where Numba puts them.  With
+``NUMBA_CACHE_LOCATOR_CLASSES`` set, or a Numba without these classes, Numba's
+own locators apply unchanged.
+
+>>> import jit_kernels                 # registers its own directory at import
+>>> len(fingerprint())
+32
+"""
+import functools
+import hashlib
+import os
+
+_DIRS = []              # registered package directories (absolute, normalised)
+_HASHED = []            # those whose sources make the fingerprint
+_BASES = ("UserProvidedCacheLocator", "InTreeCacheLocator", "UserWideCacheLocator")
+
+
+def _sources(dirs):
+    """The ``.py`` files directly in ``dirs``, sorted."""
+    out = []
+    for d in dirs:
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        out.extend(os.path.join(d, n) for n in names if n.endswith(".py"))
+    return sorted(out)
+
+
+@functools.lru_cache(maxsize=None)
+def _hash_files(stamps):
+    h = hashlib.sha256()
+    for path, _, _ in stamps:
+        h.update(path.encode())
+        try:
+            with open(path, "rb") as f:
+                h.update(f.read())
+        except OSError:
+            h.update(b"<unreadable>")
+    return h.digest()
+
+
+def fingerprint(dirs=None):
+    """SHA-256 (32 bytes) of the names and contents of the ``.py`` files in ``dirs``
+    (default: the directories registered ``hashed``); recomputed only when a
+    file's size or mtime changes."""
+    stamps = []
+    for path in _sources(_HASHED if dirs is None else dirs):
+        try:
+            st = os.stat(path)
+            stamps.append((path, st.st_mtime_ns, st.st_size))
+        except OSError:
+            stamps.append((path, 0, -1))
+    return _hash_files(tuple(stamps))
+
+
+def _ours(py_file):
+    path = os.path.abspath(py_file)
+    return any(os.path.dirname(path) == d or path.startswith(d + os.sep) for d in _DIRS)
+
+
+class _PackageStamp:
+    """Mixin for a Numba cache locator: only files under a registered directory;
+    their stamp also holds :func:`fingerprint`."""
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        if not _ours(py_file):
+            return None
+        return super().from_function(py_func, py_file)
+
+    def get_source_stamp(self):
+        return (super().get_source_stamp(), fingerprint())
+
+
+def _locators():
+    from numba.core import caching
+    impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl", None)
+    bases = [getattr(caching, n, None) or getattr(caching, "_" + n, None) for n in _BASES]
+    if impl is None or not isinstance(getattr(impl, "_locator_classes", None), list) \
+            or any(b is None for b in bases):
+        return None, []
+    return impl, [type("Package" + b.__name__.lstrip("_"), (_PackageStamp, b), {})
+                  for b in bases]
+
+
+def register(directory, hashed=True):
+    """Stamp the cached Numba functions of the files under ``directory`` with
+    :func:`fingerprint`; ``hashed``: its own ``.py`` files count in the
+    fingerprint.  True if Numba's locators could be extended (idempotent)."""
+    d = os.path.abspath(directory)
+    if d not in _DIRS:
+        _DIRS.append(d)
+    if hashed and d not in _HASHED:
+        _HASHED.append(d)
+    impl, ours = _locators()
+    if impl is None:
+        return False
+    if not any(issubclass(c, _PackageStamp) for c in impl._locator_classes):
+        impl._locator_classes[:0] = ours
+    return True

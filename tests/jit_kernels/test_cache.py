@@ -1,0 +1,91 @@
+"""Numba's on-disk cache notices edits to inlined bodies in other files (jit_kernels._cache)."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from jit_kernels import _cache, cpu_table
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+needs_locators = pytest.mark.skipif(
+    bool(os.environ.get("NUMBA_CACHE_LOCATOR_CLASSES")) or _cache._locators()[0] is None,
+    reason="Numba's own cache locators are in use")
+
+
+def test_fingerprint_follows_contents(tmp_path):
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "notes.txt").write_text("not a source\n")
+    first = _cache.fingerprint([str(tmp_path)])
+    assert len(first) == 32 and _cache.fingerprint([str(tmp_path)]) == first
+    (tmp_path / "notes.txt").write_text("changed, still not a source\n")
+    assert _cache.fingerprint([str(tmp_path)]) == first
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert _cache.fingerprint([str(tmp_path)]) != first
+    (tmp_path / "b.py").write_text("")
+    assert len({first, _cache.fingerprint([str(tmp_path)])}) == 2
+
+
+@needs_locators
+def test_kernels_are_stamped_with_the_package_fingerprint():
+    locator = cpu_table.find_rows._cache._impl.locator
+    assert isinstance(locator, _cache._PackageStamp)
+    own, package = locator.get_source_stamp()
+    assert package == _cache.fingerprint()
+
+
+PROGRAM = """
+import os, sys
+sys.path[:0] = [{root!r}, {tmp!r}]
+import pkg.driver, other
+print(pkg.driver.f(), sum(pkg.driver.f.stats.cache_hits.values()), other.h(),
+      type(pkg.driver.f._cache._impl.locator).__name__,
+      type(other.h._cache._impl.locator).__name__)
+"""
+
+
+@needs_locators
+def test_an_edit_to_an_inlined_body_recompiles(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "import os\nfrom jit_kernels._cache import register\n"
+        "register(os.path.dirname(os.path.abspath(__file__)))\n")
+    (pkg / "body.py").write_text(textwrap.dedent("""
+        from numba import njit
+        @njit(inline="always")
+        def g():
+            return 1
+        """))
+    (pkg / "driver.py").write_text(textwrap.dedent("""
+        from numba import njit
+        from .body import g
+        @njit(cache=True)
+        def f():
+            return g()
+        """))
+    (tmp_path / "other.py").write_text(textwrap.dedent("""
+        from numba import njit
+        @njit(cache=True)
+        def h():
+            return 7
+        """))
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    program = PROGRAM.format(root=ROOT, tmp=str(tmp_path))
+
+    def run():
+        out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                             env=env, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()
+
+    first = run()
+    assert first[:3] == ["1", "0", "7"]                     # compiled
+    assert first[3] == "PackageInTreeCacheLocator"          # ours, under the registered dir
+    assert first[4] == "InTreeCacheLocator"                 # Numba's own, elsewhere
+    assert run()[:2] == ["1", "1"]                          # unchanged sources: a cache hit
+    (pkg / "body.py").write_text((pkg / "body.py").read_text().replace("return 1", "return 2"))
+    after = run()
+    assert after[:2] == ["2", "0"]                          # recompiled, not the stale code
+    assert run()[:2] == ["2", "1"]
