@@ -548,10 +548,15 @@ def main(argv=None):
         f"({ours / TFRA_TRAIN:.1f}x)",
     ]
     if limit:
+        def own_ms(v):                   # the embedding's own time a step: step - limit's step
+            return (IDS_PER_STEP / v - IDS_PER_STEP / limit) * 1e3
         targets.append(f"the 6M target is {TARGET_TRAIN / limit:.0%} of this machine's limit "
-                       f"({fmt_rate(limit)}); 20x this run's stock layer is "
-                       f"{20 * stock / limit:.0%} of it" if stock else
-                       f"the 6M target is {TARGET_TRAIN / limit:.0%} of this machine's limit")
+                       f"({fmt_rate(limit)})" + (f"; 20x this run's stock layer is "
+                                                 f"{20 * stock / limit:.0%} of it" if stock else ""))
+        targets.append("the embedding's own time a step (step - the limit's step): "
+                       + ", ".join(f"{k} {own_ms(rate[k]):.1f} ms" for k in kinds
+                                   if k != "limit")
+                       + f"; 6M leaves it {max(0.0, own_ms(TARGET_TRAIN)):.1f} ms")
     if handoff_share is not None:
         targets.append(f"TF hand-off < 10% of step: {verdict(handoff_share < TARGET_HANDOFF)} "
                        f"({handoff_share:.1%})")
