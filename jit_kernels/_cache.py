@@ -46,8 +46,8 @@ def _sources(dirs):
 @functools.lru_cache(maxsize=None)
 def _hash_files(stamps):
     h = hashlib.sha256()
-    for path, _, _ in stamps:
-        h.update(path.encode())
+    for path, _, _ in stamps:           # package/file names, not where it is installed
+        h.update(os.path.join(*path.split(os.sep)[-2:]).encode())
         try:
             with open(path, "rb") as f:
                 h.update(f.read())

@@ -27,6 +27,14 @@ def test_fingerprint_follows_contents(tmp_path):
     assert len({first, _cache.fingerprint([str(tmp_path)])}) == 2
 
 
+def test_fingerprint_is_the_same_wherever_the_package_is(tmp_path):
+    for where in ("one", "two"):
+        (tmp_path / where / "pkg").mkdir(parents=True)
+        (tmp_path / where / "pkg" / "a.py").write_text("x = 1\n")
+    assert (_cache.fingerprint([str(tmp_path / "one" / "pkg")])
+            == _cache.fingerprint([str(tmp_path / "two" / "pkg")]))
+
+
 @needs_locators
 def test_kernels_are_stamped_with_the_package_fingerprint():
     locator = cpu_table.find_rows._cache._impl.locator
