@@ -201,6 +201,23 @@ def _check(variable, optimizer):
                         f"got {type(optimizer).__name__}")
 
 
+def _check_slot(variable, optimizer, slot_name):
+    _check(variable, optimizer)
+    names = [name for name, _ in optimizer.slots()]
+    if slot_name not in names:
+        raise ValueError(f"slot_name must be one of {sorted(names)} for {optimizer!r}, "
+                         f"got {slot_name!r}")
+
+
+def _step_and_rate(optimizer, step, learning_rate):
+    step = _checks.positive_int(step, "step")
+    lr = (optimizer.learning_rate if learning_rate is None
+          else _real(learning_rate, "learning_rate", *_NONNEG))
+    if isinstance(optimizer, Ftrl) and lr <= 0:
+        raise ValueError(f"learning_rate must be > 0 for Ftrl, got {lr}")
+    return step, lr
+
+
 def _slot_init(value, dim):
     return (Zeros() if value == 0 else Constant(value)).params(dim, 0)
 
@@ -237,21 +254,24 @@ def apply_gradients(variable, optimizer, ids, grads, *, step, learning_rate=None
         (pass the initial values that a lookup already computed for it: they are the
         same, and computing them again can cost as much as the rest of the step);
         its slots start from their initial values as usual.  Used only with
-        ``assume_unique`` and without ``delta``.
+        ``assume_unique`` and without ``delta``.  Ignored by a distributed variable,
+        whose owners draw the initial values (the same ones) themselves.
     Raises:
       TypeError / ValueError naming the bad argument; nothing is applied then.
     """
+    if isinstance(variable, Variable) and variable.comm is not None:
+        # collective: every check runs inside the exchange, so bad input on one rank
+        # raises on every rank instead of leaving the others waiting
+        variable._apply_gradients(optimizer, ids, grads, step, learning_rate, assume_unique,
+                                  delta)
+        return
     _check(variable, optimizer)
     if getattr(variable, "device", "cpu") != "cpu":
         raise NotImplementedError(f"apply_gradients runs on CPU variables only so far; "
                                   f"variable is on {variable.device}")
-    step = _checks.positive_int(step, "step")
-    lr = (optimizer.learning_rate if learning_rate is None
-          else _real(learning_rate, "learning_rate", *_NONNEG))
+    step, lr = _step_and_rate(optimizer, step, learning_rate)
     keys = _checks.as_keys(ids, variable.key_dtype, "ids")
     g = _checks.as_values(grads, keys.shape, variable.dim, variable.value_dtype, "grads")
-    if isinstance(optimizer, Ftrl) and lr <= 0:
-        raise ValueError(f"learning_rate must be > 0 for Ftrl, got {lr}")
     if initial_rows is not None and assume_unique and not delta:
         init_vals, init_ok = initial_rows
         init_vals = _checks.as_values(init_vals, keys.shape, variable.dim, variable.value_dtype,
@@ -336,14 +356,13 @@ def _apply_delta(variable, optimizer, uniq, sums, lr, step):
 def slot_values(variable, optimizer, slot_name, ids):
     """Slot ``slot_name`` of ``optimizer`` for ``ids`` (shape ``ids.shape + (dim,)``);
     ids without the slot yet get its initial value."""
-    _check(variable, optimizer)
-    inits = dict(optimizer.slots())
-    if slot_name not in inits:
-        raise ValueError(f"slot_name must be one of {sorted(inits)} for {optimizer!r}, "
-                         f"got {slot_name!r}")
+    if isinstance(variable, Variable) and variable.comm is not None:     # collective
+        return variable._slot_values(optimizer, slot_name, ids)
+    _check_slot(variable, optimizer, slot_name)
     keys = _checks.as_keys(ids, variable.key_dtype, "ids")
     flat = _checks.flat_int64(keys)
-    out = np.full((flat.shape[0], variable.dim), inits[slot_name], variable.value_dtype)
+    init = dict(optimizer.slots())[slot_name]
+    out = np.full((flat.shape[0], variable.dim), init, variable.value_dtype)
     with variable._lock.read():
         for shard, pos, k in variable._parts(keys, flat):
             col = shard.columns.get(optimizer.column(slot_name))

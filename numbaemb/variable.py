@@ -78,11 +78,25 @@ class Variable:
       max_hbm_bytes: GPU only (hybrid mode): device memory for each shard's rows;
         rows beyond it live in pinned host memory mapped into the GPU.  Default:
         no limit.
+      comm: an mpi4py communicator: with more than one rank the table is split
+        across its ranks and the result is a
+        :class:`numbaemb.distributed.DistributedVariable` (every op collective);
+        ``None`` or one rank: this process holds every key.
     """
+
+    comm = None           # the communicator of a distributed table
+
+    def __new__(cls, *args, comm=None, **kwargs):
+        if cls is Variable and comm is not None:
+            from ._mpi import size_of
+            if size_of(comm) > 1:
+                from .distributed import DistributedVariable
+                return super().__new__(DistributedVariable)
+        return super().__new__(cls)
 
     def __init__(self, dim, *, key_dtype=np.int64, value_dtype=np.float32, num_shards=1,
                  partitioner=None, name=None, initializer=None, init_size=0, seed=None,
-                 device="cpu", max_hbm_bytes=None):
+                 device="cpu", max_hbm_bytes=None, comm=None):
         self.dim = _checks.positive_int(dim, "dim")
         self.key_dtype = _checks.key_dtype(key_dtype)
         self.value_dtype = _checks.value_dtype(value_dtype)
@@ -270,10 +284,23 @@ class Variable:
         checkpoint.save(self, path)
 
     @classmethod
-    def load(cls, path, num_shards=None, partitioner=None, device=None, max_hbm_bytes=None):
+    def load(cls, path, num_shards=None, partitioner=None, device=None, max_hbm_bytes=None,
+             comm=None):
         """A new Variable read from a checkpoint written by ``save``; ``num_shards``
         and ``device`` (default: as saved) may differ.  A truncated or corrupt file
-        raises ``ValueError``.  See :func:`numbaemb.checkpoint.load`."""
+        raises ``ValueError``.  See :func:`numbaemb.checkpoint.load`.
+
+        A directory ``path`` is a checkpoint saved by a distributed table (a part per
+        rank): with ``comm`` of any world size it loads collectively, each rank taking
+        the keys it owns; without, one process takes every key.  See
+        :mod:`numbaemb.distributed_checkpoint`."""
+        import os
+        from ._mpi import size_of
+        if os.path.isdir(os.fspath(path)) or size_of(comm) > 1:
+            from . import distributed_checkpoint
+            return distributed_checkpoint.load(path, comm=comm, num_shards=num_shards,
+                                               partitioner=partitioner, device=device,
+                                               max_hbm_bytes=max_hbm_bytes)
         from . import checkpoint
         return checkpoint.load(path, num_shards=num_shards, partitioner=partitioner,
                                device=device, max_hbm_bytes=max_hbm_bytes)

@@ -1,0 +1,359 @@
+"""Tables split across MPI processes: ``Variable(dim, comm=MPI.COMM_WORLD)``.
+
+Rank ``r`` of ``R`` owns the keys with ``partitioner(keys, R) == r`` (default:
+the key's unsigned value mod R, SOK's rule) and holds their rows in a plain
+local :class:`~numbaemb.Variable` (``.local``, with its own ``num_shards``).
+Every table op is collective: every rank calls it, in the same order, with its
+own keys (any number, 0 too), and each is one exchange::
+
+    keys -> distinct keys grouped by owner (plan, jit_kernels.exchange)
+         -> header Alltoall (counts, op, table, arguments, input errors)
+         -> Alltoallv of keys (and values / gradients) to their owners
+         -> the owner's local op on what every rank sent it, in rank order
+         -> Alltoallv of rows (or flags) back -> this rank's batch order
+
+Results equal one process fed the ranks' batches concatenated in rank order:
+the owner receives each rank's keys in rank order, and within a rank in
+first-occurrence order, and applies today's local op to that sequence
+(``upsert``: the last value wins; ``accum`` sends every position, in batch
+order; ``find_or_insert(return_exists=True)``: only a new key's first
+occurrence in rank order reports absent).  Initial values depend on (seed, key,
+column) only, so they do not depend on the world size.
+
+>>> import numpy as np, numbaemb as ne
+>>> v = ne.Variable(dim=2, comm=None)        # no comm (or a 1-rank one): a plain Variable
+>>> type(v).__name__
+'Variable'
+
+Run ``mpiexec -n 2 python -m mpi4py script.py``: ``-m mpi4py`` makes an
+uncaught exception on one rank abort the whole job (``MPI_Abort``) instead of
+leaving the other ranks waiting in a collective.  A rank that dies (killed,
+segfault) makes ``mpiexec`` end every rank.  Bad input never hangs: it is
+reported to every rank by the header exchange.  Collective ops of tables that
+share a communicator hold one lock per process: call them from one thread per
+rank, in the same order on every rank.
+"""
+import time
+
+import numba
+import numpy as np
+
+from jit_kernels.cpu_table import assign_rows
+from jit_kernels.exchange import first_flags, plan
+from jit_kernels.segment import gather_rows
+
+from . import _checks
+from ._memory import aligned_empty
+from ._mpi import Comm, crc, size_of
+from .sharding import default_partitioner
+from .variable import Variable
+
+__all__ = ["DistributedVariable", "OPS"]
+
+OPS = {name: i + 1 for i, name in enumerate(
+    ["create", "lookup", "find_or_insert", "upsert", "accum", "remove", "size", "clear",
+     "apply_gradients", "slot_values", "save", "load"])}
+
+
+class LocalPartitioner:
+    """Local shard of a key on its owner rank: ``(unsigned key // R) mod n``, so that
+    keys that all share ``key mod R`` still spread over the local shards."""
+
+    def __init__(self, world_size):
+        self.world_size = world_size
+
+    def __call__(self, keys, n):
+        unsigned = keys.view(np.dtype(keys.dtype.str.replace("i", "u")))
+        return ((unsigned // unsigned.dtype.type(self.world_size)) % unsigned.dtype.type(n)
+                ).astype(np.int64)
+
+
+class DistributedVariable(Variable):
+    """A :class:`~numbaemb.Variable` whose keys are split across the ranks of ``comm``.
+
+    Made by ``Variable(..., comm=comm)`` when ``comm`` has more than one rank (the
+    constructor is collective: the ranks check that they agree on dim, dtypes,
+    name, seed, initializer and partitioner).  Arguments as for ``Variable``;
+    ``init_size`` counts keys of the whole table; ``num_shards`` are local shards
+    on each rank.  GPU tables (``device="cuda"``) are not distributed yet.
+
+    Collective: ``lookup``, ``find_or_insert``, ``upsert``, ``accum``, ``remove``,
+    ``size()`` (keys in the whole table, the same on every rank), ``clear``,
+    ``save``, ``Variable.load(path, comm=...)`` and
+    ``numbaemb.optimizers.apply_gradients`` / ``slot_values``.  Local:
+    ``export`` (the keys this rank owns and their rows), ``size(index)`` (local
+    shard ``index``), ``local_size()``.
+    """
+
+    def __init__(self, dim, *, comm, key_dtype=np.int64, value_dtype=np.float32, num_shards=1,
+                 partitioner=None, name=None, initializer=None, init_size=0, seed=None,
+                 device="cpu", max_hbm_bytes=None):
+        world = size_of(comm)
+        self.user_comm = comm
+        self._comm = Comm.of(comm)
+        self.rank, self.world_size = self._comm.rank, self._comm.size
+        error = None
+        try:      # a bad argument on one rank must reach the others (they wait in the exchange)
+            self._build(dim, world, key_dtype, value_dtype, num_shards, partitioner, name,
+                        initializer, init_size, seed, device, max_hbm_bytes)
+        except Exception as e:      # noqa: BLE001
+            error = e
+        with self._comm.lock:
+            serial = self._comm.tables
+            self._comm.tables += 1
+            cfg = None if error else self._identity()
+            self._tag = crc(cfg, serial)
+            self._comm.start(OPS["create"], self._tag, 0, 0, error,
+                             f"creating table {name!r} (#{serial}) with {cfg}")
+
+    def _build(self, dim, world, key_dtype, value_dtype, num_shards, partitioner, name,
+               initializer, init_size, seed, device, max_hbm_bytes):
+        if device != "cpu" or max_hbm_bytes is not None:
+            raise NotImplementedError("distributed tables live on the CPU so far "
+                                      f"(device={device!r}, max_hbm_bytes={max_hbm_bytes!r})")
+        if partitioner is not None and not callable(partitioner):
+            raise TypeError(f"partitioner must be callable, got {type(partitioner).__name__}")
+        num_shards = _checks.positive_int(num_shards, "num_shards")
+        init_size = -(-_checks.positive_int(init_size, "init_size", minimum=0) // world)
+        self.local = Variable(dim, key_dtype=key_dtype, value_dtype=value_dtype,
+                              num_shards=num_shards,
+                              partitioner=LocalPartitioner(world) if num_shards > 1 else None,
+                              name=name, initializer=initializer, init_size=init_size,
+                              seed=seed)
+        for attr in ("dim", "key_dtype", "value_dtype", "num_shards", "name", "initializer",
+                     "seed", "device", "max_hbm_bytes", "_arrays"):
+            setattr(self, attr, getattr(self.local, attr))
+        self.partitioner = partitioner
+
+    def _identity(self):
+        """What every rank must agree on."""
+        part = self.partitioner
+        return dict(name=self.name, dim=self.dim, key_dtype=self.key_dtype.name,
+                    value_dtype=self.value_dtype.name, seed=int(self.seed),
+                    initializer=self.initializer.get_config(),
+                    partitioner="default" if part is None or part is default_partitioner
+                    else getattr(part, "__qualname__", type(part).__qualname__))
+
+    @property
+    def comm(self):
+        return self.user_comm
+
+    @property
+    def shards(self):
+        """This rank's local shards."""
+        return self.local.shards
+
+    @property
+    def _lock(self):
+        return self.local._lock
+
+    def config(self) -> dict:
+        cfg = self.local.config()
+        cfg.update(partitioner=self.partitioner, world_size=self.world_size)
+        return cfg
+
+    def __repr__(self):
+        return (f"DistributedVariable(name={self.name!r}, dim={self.dim}, rank={self.rank}, "
+                f"world_size={self.world_size}, local_size={self.local_size()}, "
+                f"num_shards={self.num_shards}, key_dtype={self.key_dtype}, "
+                f"value_dtype={self.value_dtype})")
+
+    # ---- the exchange ------------------------------------------------------------------
+    def _what(self, op):
+        return f"{op} on table {self.name!r}"
+
+    def _begin(self, op, prepare, arg=0):
+        """Validate and plan (``prepare() -> (result, counts)``), then open the collective.
+
+        Returns ``(result, recv_counts)``; every rank raises if any rank's input was bad
+        or the ranks are in different ops."""
+        c = self._comm
+        t0 = time.perf_counter()
+        result, counts, error = None, 0, None
+        try:
+            result, counts = prepare()
+        except Exception as e:      # noqa: BLE001  every rank must learn of it, or they hang
+            error = e
+        c.add_time("plan", t0)
+        return result, c.start(OPS[op], self._tag, crc(op, arg), counts, error, self._what(op))
+
+    def _plan(self, keys, unique=True):
+        keys, flat = self.local._keys(keys)
+        return keys, plan(flat, self.world_size, self.partitioner, self.key_dtype, unique)
+
+    def _keys_plan(self, keys):
+        k, p = self._plan(keys)
+        return (k, p), p.counts
+
+    def _local(self, fn, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self._comm.add_time("local", t0)
+
+    def _back(self, rows, recv_counts, p, shape):
+        """Rows in send order from the owners -> ``shape + (width,)`` in batch order."""
+        c = self._comm
+        back = c.alltoallv(rows, recv_counts, p.counts)
+        t0 = time.perf_counter()
+        out = aligned_empty((p.slot.shape[0], back.shape[1]), back.dtype)
+        gather_rows(back, p.slot, out)
+        c.add_time("plan", t0)
+        return out.reshape(tuple(shape) + (back.shape[1],))
+
+    def _read(self, op, keys, owner_fn, arg=0, check=None):
+        """Collective read: keys to owners, ``owner_fn(keys) -> rows``, rows back;
+        ``check()`` validates other arguments inside the exchange."""
+        def prepare():
+            if check is not None:
+                check()
+            return self._keys_plan(keys)
+
+        with self._comm.lock:
+            (keys, p), rc = self._begin(op, prepare, arg)
+            recv = self._comm.alltoallv(p.send_keys, p.counts, rc)
+            return self._back(self._local(owner_fn, recv), rc, p, keys.shape)
+
+    # ---- reads ---------------------------------------------------------------------------
+    def lookup(self, keys, return_exists=False):
+        """Collective ``Variable.lookup``: every rank gets the rows of its own keys."""
+        if not return_exists:
+            return self._read("lookup", keys, self.local.lookup)
+        with self._comm.lock:
+            (keys, p), rc = self._begin("lookup", lambda: self._keys_plan(keys), True)
+            c = self._comm
+            recv = c.alltoallv(p.send_keys, p.counts, rc)
+            rows, found = self._local(self.local.lookup, recv, return_exists=True)
+            out = self._back(rows, rc, p, keys.shape)
+            exists = c.alltoallv(found, rc, p.counts)[p.slot]
+            return out, exists.reshape(keys.shape)
+
+    def size(self, index=None) -> int:
+        """Keys in the whole table (collective), or in local shard ``index`` of this rank."""
+        if index is not None:
+            return self.local.size(index)
+        with self._comm.lock:
+            _, sizes = self._begin("size", lambda: (None, self.local.size()))
+            return int(sizes.sum())
+
+    def local_size(self) -> int:
+        """Keys this rank owns (not collective)."""
+        return self.local.size()
+
+    def export(self, column="values"):
+        """The keys this rank owns and their rows (not collective)."""
+        return self.local.export(column)
+
+    # ---- writes --------------------------------------------------------------------------
+    def find_or_insert(self, keys, return_exists=False):
+        """Collective ``Variable.find_or_insert``; with ``return_exists``, only a new
+        key's first occurrence in rank order (then batch order) reports absent."""
+        with self._comm.lock:
+            (keys, p), rc = self._begin("find_or_insert", lambda: self._keys_plan(keys),
+                                        return_exists)
+            c = self._comm
+            recv = c.alltoallv(p.send_keys, p.counts, rc)
+            rows, found = self._local(self.local.find_or_insert, recv, return_exists=True)
+            out = self._back(rows, rc, p, keys.shape)
+            if not return_exists:
+                return out
+            back = c.alltoallv(found, rc, p.counts)
+            exists = np.empty(p.slot.shape[0], np.bool_)
+            first_flags(p.inverse, p.slot, back, exists)
+            return out, exists.reshape(keys.shape)
+
+    def upsert(self, keys, values):
+        """Collective ``Variable.upsert``: for a key sent by several ranks (or repeated
+        in a batch) the value of the last rank (last position) wins."""
+        def prepare():
+            k, p = self._plan(keys)
+            vals = self.local._values(values, k.shape)
+            send = np.empty((p.send_keys.shape[0], self.dim), self.value_dtype)
+            assign_rows(send, p.slot, vals, numba.get_num_threads())   # last one wins
+            return (p, send), p.counts
+
+        with self._comm.lock:
+            (p, send), rc = self._begin("upsert", prepare)
+            c = self._comm
+            recv_keys = c.alltoallv(p.send_keys, p.counts, rc)
+            recv_vals = c.alltoallv(send, p.counts, rc)
+            self._local(self.local.upsert, recv_keys, recv_vals)
+
+    def accum(self, keys, old_values, new_values, exists):
+        """Collective ``Variable.accum``: every position goes to its owner, in batch
+        order, so the owner applies the sequential rule to the rank-ordered sequence."""
+        def prepare():
+            k, p = self._plan(keys, unique=False)
+            old = self.local._values(old_values, k.shape, "old_values")
+            new = self.local._values(new_values, k.shape, "new_values")
+            ex = self.local._arrays.exists(exists, k.shape)
+            pair = np.empty((p.slot.shape[0], 2, self.dim), self.value_dtype)
+            pair[p.slot, 0], pair[p.slot, 1] = old, new
+            flags = np.empty_like(ex)
+            flags[p.slot] = ex
+            return (p, pair, flags), p.counts
+
+        with self._comm.lock:
+            (p, pair, flags), rc = self._begin("accum", prepare)
+            c = self._comm
+            recv_keys = c.alltoallv(p.send_keys, p.counts, rc)
+            recv_pair = c.alltoallv(pair, p.counts, rc)
+            recv_flags = c.alltoallv(flags, p.counts, rc)
+            self._local(self.local.accum, recv_keys, recv_pair[:, 0], recv_pair[:, 1],
+                        recv_flags)
+
+    def remove(self, keys):
+        """Collective ``Variable.remove``."""
+        with self._comm.lock:
+            (_, p), rc = self._begin("remove", lambda: self._keys_plan(keys))
+            recv = self._comm.alltoallv(p.send_keys, p.counts, rc)
+            self._local(self.local.remove, recv)
+
+    def clear(self):
+        """Collective: every rank drops its keys."""
+        with self._comm.lock:
+            self._begin("clear", lambda: (None, 0))
+            self.local.clear()
+
+    # ---- training --------------------------------------------------------------------------
+    def _apply_gradients(self, optimizer, keys, grads, step, lr, assume_unique, delta):
+        """``numbaemb.optimizers.apply_gradients`` (arguments unchecked yet): owners apply
+        ``grads`` of ``keys``: each rank sums its
+        duplicates, sends one row per distinct id to the owner, which sums what the
+        ranks sent (in rank order) and applies one update per id."""
+        from jit_kernels.segment import segment_sum
+        from .optimizers import _check, _step_and_rate, apply_gradients
+        checked = []
+
+        def prepare():
+            _check(self, optimizer)
+            checked.extend(_step_and_rate(optimizer, step, lr))
+            k, p = self._plan(keys, unique=not assume_unique)
+            g = self.local._values(grads, k.shape, "grads")
+            sums = segment_sum(g, p.slot, p.send_keys.shape[0], numba.get_num_threads())
+            return (p, sums), p.counts
+
+        arg = (repr(optimizer), repr(step), repr(lr), bool(assume_unique), bool(delta))
+        with self._comm.lock:
+            (p, sums), rc = self._begin("apply_gradients", prepare, arg)
+            c = self._comm
+            recv_keys = c.alltoallv(p.send_keys, p.counts, rc)
+            recv_sums = c.alltoallv(sums, p.counts, rc)
+            step, lr = checked
+            self._local(apply_gradients, self.local, optimizer, recv_keys, recv_sums,
+                        step=step, learning_rate=lr, delta=delta)
+
+    def _slot_values(self, optimizer, slot_name, keys):
+        from .optimizers import _check_slot, slot_values
+        return self._read("slot_values", keys,
+                          lambda k: slot_values(self.local, optimizer, slot_name, k),
+                          (repr(optimizer), repr(slot_name)),
+                          check=lambda: _check_slot(self, optimizer, slot_name))
+
+    # ---- checkpoints -----------------------------------------------------------------------
+    def save(self, path):
+        """Collective: one checkpoint directory ``path``, a part per rank, committed
+        atomically by rank 0.  See :mod:`numbaemb.distributed_checkpoint`."""
+        from . import distributed_checkpoint
+        distributed_checkpoint.save(self, path)
