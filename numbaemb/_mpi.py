@@ -37,8 +37,9 @@ _SHARED = {}                      # id(user comm) -> (user comm, Comm)
 _SHARED_LOCK = threading.Lock()
 
 
-class CollectiveMismatch(RuntimeError):
-    """Ranks entered different collective table ops (every rank raises it)."""
+class CollectiveMismatch(ValueError):
+    """Ranks entered different collective table ops, or the same one with different
+    arguments or table configurations (every rank raises it)."""
 
 
 def size_of(comm):

@@ -416,6 +416,15 @@ def load(path, num_shards=None, partitioner=None, device=None, max_hbm_bytes=Non
 
 
 def _load(ar, Variable, num_shards, partitioner, device, max_hbm_bytes):
+    cfg = read_config(ar)
+    v = make_variable(cfg, Variable, num_shards, partitioner, device, max_hbm_bytes)
+    identity = v.num_shards == cfg["num_shards"] and cfg["default"] and partitioner is None
+    fill(v, [ar], identity=identity)
+    return v
+
+
+def read_config(ar):
+    """The variable configuration in archive ``ar``'s manifest (checked)."""
     path, man = ar.path, ar.manifest
     var = _get(man, "variable", dict, path)
     dim = _get(var, "dim", int, path, "variable.dim")
@@ -435,77 +444,97 @@ def _load(ar, Variable, num_shards, partitioner, device, max_hbm_bytes):
     shards = _get(man, "shards", list, path)
     if len(shards) != saved_n:
         raise _corrupt(path, f"manifest lists {len(shards)} shards, variable.num_shards is {saved_n}")
-    saved_default = var.get("partitioner", "default") == "default"
-    if not saved_default and partitioner is None:
-        warnings.warn(f"checkpoint {path} was saved with a custom partitioner; loading with the "
-                      "default one (pass partitioner= to load to choose)", stacklevel=3)
-    n_target = saved_n if num_shards is None else num_shards
     saved_device = var.get("device", "cpu")
     saved_hbm = var.get("max_hbm_bytes")
     if not isinstance(saved_device, str) or not (
             saved_hbm is None or isinstance(saved_hbm, int) and not isinstance(saved_hbm, bool)):
         raise _corrupt(path, "bad variable configuration (device, max_hbm_bytes)")
-    target_device = saved_device if device is None else device
+    return dict(path=path, dim=dim, num_shards=saved_n, name=name, seed=seed,
+                key_dtype=key_dtype, value_dtype=value_dtype, initializer=initializer,
+                default=var.get("partitioner", "default") == "default", device=saved_device,
+                max_hbm_bytes=saved_hbm)
+
+
+def make_variable(cfg, Variable, num_shards, partitioner, device, max_hbm_bytes, **extra):
+    """An empty variable of configuration ``cfg`` (:func:`read_config`); arguments as
+    :func:`load`'s (None: as saved); ``extra`` goes to the constructor (``comm``)."""
+    path = cfg["path"]
+    if not cfg["default"] and partitioner is None:
+        warnings.warn(f"checkpoint {path} was saved with a custom partitioner; loading with the "
+                      "default one (pass partitioner= to load to choose)", stacklevel=4)
+    n_target = cfg["num_shards"] if num_shards is None else num_shards
+    target_device = cfg["device"] if device is None else device
     on_gpu = not target_device.strip().lower().startswith("cpu")
-    hbm = max_hbm_bytes if max_hbm_bytes is not None else (saved_hbm if on_gpu else None)
+    hbm = max_hbm_bytes if max_hbm_bytes is not None else (cfg["max_hbm_bytes"] if on_gpu else None)
     kwargs = {} if target_device == "cpu" and hbm is None else \
         dict(device=target_device, max_hbm_bytes=hbm)
     try:
-        v = Variable(dim, key_dtype=key_dtype, value_dtype=value_dtype, num_shards=n_target,
-                     partitioner=partitioner, name=name, initializer=initializer, seed=seed,
-                     **kwargs)
+        return Variable(cfg["dim"], key_dtype=cfg["key_dtype"], value_dtype=cfg["value_dtype"],
+                        num_shards=n_target, partitioner=partitioner, name=cfg["name"],
+                        initializer=cfg["initializer"], seed=cfg["seed"], **kwargs, **extra)
     except (TypeError, ValueError) as e:
         raise _corrupt(path, f"bad variable configuration ({e})") from None
     except RuntimeError as e:
         if device is None and on_gpu:
-            raise RuntimeError(f"{e} (checkpoint {path} was saved from {saved_device!r}; pass "
+            raise RuntimeError(f"{e} (checkpoint {path} was saved from {cfg['device']!r}; pass "
                                "device='cpu' to load it on the CPU)") from e
         raise
 
-    # Pass 1: column layouts and every shard's keys (checked before anything is inserted).
-    layouts, saved_keys = [], []
-    total = 0
-    for s, entry in enumerate(shards):
-        size = _get(entry, "size", int, path, f"shards[{s}].size")
-        if size < 0:
-            raise _corrupt(path, f"shards[{s}].size is negative")
-        layouts.append(_parse_columns(path, s, entry, dim, value_dtype))
-        keys = _read_whole(ar, _get(entry, "keys", dict, path, f"shards[{s}].keys"),
-                           f"shards[{s}].keys", key_dtype, (size,))
-        saved_keys.append(keys)
-        total += size
-    if man.get("size") != total:
-        raise _corrupt(path, f"manifest size {man.get('size')!r} != sum of shard sizes {total}")
 
-    # Union of the saved columns; the same name must mean the same layout everywhere.
-    columns = {}
-    for layout in layouts:
-        for cname, width, dt, init, _ in layout:
-            have = columns.setdefault(cname, (width, dt, init))
-            if have[0] != width or have[1] != dt or not _init_equal(have[2], init):
-                raise _corrupt(path, f"column {cname!r} differs between shards")
-    if not _init_equal(columns["values"][2], v.shards[0].columns["values"].init):
-        raise _corrupt(path, "values initializer params do not match the initializer config")
+def fill(v, archives, identity=False, keep=None):
+    """Insert the keys and every column of ``archives`` into the empty variable ``v``.
+
+    ``identity``: one archive whose saved shard ``s`` goes whole to shard ``s`` of
+    ``v``.  Otherwise keys are routed by ``v``'s partitioner; ``keep(keys) -> bool
+    mask`` (e.g. the keys a rank owns) drops the others.  Only the kept keys are
+    held in memory (plus one saved shard's keys at a time).
+    """
+    # Pass 1: column layouts and the keys of every saved shard, routed to target shards
+    # (all checked before anything is inserted).
+    n_target = v.num_shards
+    sources, columns = [], {}
+    counts = np.zeros(n_target, np.int64)
+    for ar in archives:
+        path, man = ar.path, ar.manifest
+        total = 0
+        for s, entry in enumerate(_get(man, "shards", list, path)):
+            size = _get(entry, "size", int, path, f"shards[{s}].size")
+            if size < 0:
+                raise _corrupt(path, f"shards[{s}].size is negative")
+            layout = _parse_columns(path, s, entry, v.dim, v.value_dtype)
+            keys = _read_whole(ar, _get(entry, "keys", dict, path, f"shards[{s}].keys"),
+                               f"shards[{s}].keys", v.key_dtype, (size,))
+            total += size
+            for cname, width, dt, init, _ in layout:
+                have = columns.setdefault(cname, (width, dt, init))
+                if have[0] != width or have[1] != dt or not _init_equal(have[2], init):
+                    raise _corrupt(path, f"column {cname!r} differs between shards")
+            if identity:
+                routes = [(s, None, keys.astype(np.int64))]
+            else:
+                kept = None if keep is None else np.flatnonzero(keep(keys))
+                part = keys if kept is None else keys[kept]
+                try:
+                    pos = split(part, n_target, v.partitioner or default_partitioner)
+                except ValueError as e:
+                    raise ValueError(f"loading checkpoint {path}: {e}") from None
+                routes = [(t, p if kept is None else kept[p], part[p].astype(np.int64))
+                          for t, p in enumerate(pos) if p.shape[0]]
+            for t, _, k_ in routes:
+                counts[t] += k_.shape[0]
+            sources.append((ar, s, size, layout, routes))
+            del keys
+        if man.get("size") != total:
+            raise _corrupt(path, f"manifest size {man.get('size')!r} != sum of shard sizes {total}")
+    if columns and not _init_equal(columns["values"][2], v.shards[0].columns["values"].init):
+        raise _corrupt(archives[0].path, "values initializer params do not match the "
+                       "initializer config")
     for shard in v.shards:
         for cname, (width, dt, init) in columns.items():
             if cname != "values":
                 shard.add_column(cname, width, dt, init)
 
-    # Route keys to target shards; reserve every target exactly once.
-    identity = n_target == saved_n and saved_default and partitioner is None
-    routes = []           # per saved shard: None (identity) or per-target positions
-    counts = np.zeros(n_target, np.int64)
-    for s, keys in enumerate(saved_keys):
-        if identity:
-            routes.append(None)
-            counts[s] += keys.shape[0]
-        else:
-            try:
-                pos = split(keys, n_target, partitioner or default_partitioner)
-            except ValueError as e:
-                raise ValueError(f"loading checkpoint {path}: {e}") from None
-            routes.append(pos)
-            counts += [p.shape[0] for p in pos]
+    # Reserve every target exactly once.
     ios = [_io(shard) for shard in v.shards]
     for io_, c in zip(ios, counts):
         if c:
@@ -516,24 +545,22 @@ def _load(ar, Variable, num_shards, partitioner, device, max_hbm_bytes):
     # Pass 2: index the keys (a kernel), then stream every column into place.
     # Keys of saved shard s bound for target t get the next contiguous rows of t,
     # in saved order, so columns are copied by slices (or read straight in).
-    for s, keys in enumerate(saved_keys):
-        flat = keys.astype(np.int64)
-        parts = []            # (target io, positions in saved shard or None, first row)
-        for t, p in ([(s, None)] if routes[s] is None else enumerate(routes[s])):
-            if p is None or p.shape[0]:
-                parts.append((ios[t], p, ios[t].shard.fresh))
-                _bulk_insert(ios[t], flat if p is None else flat[p], path, s)
+    for ar, s, n, layout, routes in sources:
+        path = ar.path
+        parts = []            # (target io, positions in saved shard or None, first row, keys)
+        for t, p, keys in routes:
+            parts.append((ios[t], p, ios[t].shard.fresh, keys))
+            _bulk_insert(ios[t], keys, path, s)
         saved_names = set()
-        for j, (cname, width, dt, _, arr) in enumerate(layouts[s]):
+        for j, (cname, width, dt, _, arr) in enumerate(layout):
             saved_names.add(cname)
-            n = flat.shape[0]
             reader = ar.open_array(arr, f"shards[{s}].columns[{j}].array", dt, (n, width))
             step = _chunk_rows(width, dt.itemsize)
             buf = None
             for i in range(0, n, step):
                 m = min(step, n - i)
-                if routes[s] is None:
-                    io_, _, base = parts[0]
+                if identity:
+                    io_, _, base, _ = parts[0]
                     view = io_.rows_view(cname, base + i, m)
                     if view is not None:
                         reader.read_into(view)
@@ -541,7 +568,7 @@ def _load(ar, Variable, num_shards, partitioner, device, max_hbm_bytes):
                 if buf is None:
                     buf = np.empty((min(step, n), width), dt)
                 chunk = reader.read_into(buf[:m])
-                for io_, p, base in parts:
+                for io_, p, base, _ in parts:
                     if p is None:
                         with io_.context():
                             io_.put_rows(cname, base + i, chunk)
@@ -557,10 +584,9 @@ def _load(ar, Variable, num_shards, partitioner, device, max_hbm_bytes):
             reader.verify()
         # Columns this saved shard lacked start from their initial values.
         for cname in columns.keys() - saved_names:
-            for io_, p, base in parts:
+            for io_, p, base, keys in parts:
                 with io_.context():
-                    io_.init_rows(cname, base, flat if p is None else flat[p])
-        saved_keys[s] = None
+                    io_.init_rows(cname, base, keys)
     return v
 
 
