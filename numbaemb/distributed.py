@@ -175,7 +175,8 @@ class DistributedVariable(Variable):
         except Exception as e:      # noqa: BLE001  every rank must learn of it, or they hang
             error = e
         c.add_time("plan", t0)
-        return result, c.start(OPS[op], self._tag, crc(op, arg), counts, error, self._what(op))
+        what = self._what(op) + (f" with {arg!r}" if arg else "")
+        return result, c.start(OPS[op], self._tag, crc(op, arg), counts, error, what)
 
     def _plan(self, keys, unique=True):
         keys, flat = self.local._keys(keys)
