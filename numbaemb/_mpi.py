@@ -73,8 +73,10 @@ class Comm:
         self.size = self.comm.Get_size()
         self.lock = threading.RLock()   # one collective op at a time in this process
         self.tables = 0                 # distributed tables created on it (creation order)
-        self.times = {"plan": 0.0, "exchange": 0.0, "local": 0.0}
+        self.times = {"plan": 0.0, "wait": 0.0, "exchange": 0.0, "local": 0.0}
+        self.sync = False       # benchmarks: a Barrier before each call, timed as "wait"
         self.bytes_sent = 0
+        self.record = None      # a list: every alltoallv appends its (send, recv) byte counts
 
     @classmethod
     def of(cls, comm):
@@ -92,6 +94,13 @@ class Comm:
             self.times[k] = 0.0
         self.bytes_sent = 0
 
+    def _wait(self):
+        """With ``sync``: wait for every rank (timed as load imbalance, not exchange)."""
+        if self.sync:
+            t0 = time.perf_counter()
+            self.comm.Barrier()
+            self.add_time("wait", t0)
+
     def add_time(self, phase, t0):
         """Add the time since ``t0`` to ``phase``; returns now."""
         t = time.perf_counter()
@@ -107,6 +116,7 @@ class Comm:
         ``error``: the exception this rank's input (or planning) raised, or None; ``what``: a
         short description of the op for error messages (``"lookup on table 'user'"``).
         """
+        self._wait()
         t0 = time.perf_counter()
         status = (OK if error is None else TYPE_ERROR if isinstance(error, TypeError)
                   else VALUE_ERROR if isinstance(error, ValueError) else OTHER_ERROR)
@@ -147,6 +157,7 @@ class Comm:
         """Send ``send[...]`` (items grouped by destination, ``send_counts[r]`` for
         rank ``r``; an item is one element or one row of a 2-D array) and return
         what every rank sent this one, grouped by source rank."""
+        self._wait()
         t0 = time.perf_counter()
         width = int(np.prod(send.shape[1:], dtype=np.int64))
         sc, rc = send_counts * width, recv_counts * width
@@ -155,6 +166,8 @@ class Comm:
         self.comm.Alltoallv([send, (sc, _displs(sc))], [recv, (rc, _displs(rc))])
         self.bytes_sent += int(sc.sum()) * send.dtype.itemsize
         self.add_time("exchange", t0)
+        if self.record is not None:
+            self.record.append((sc * send.dtype.itemsize, rc * send.dtype.itemsize))
         return recv
 
     def allgather(self, obj):

@@ -221,13 +221,23 @@ class DistributedVariable(Variable):
         """Collective ``Variable.lookup``: every rank gets the rows of its own keys."""
         if not return_exists:
             return self._read("lookup", keys, self.local.lookup)
+        return self._rows_and_flags("lookup", keys, self.local.lookup, first_only=False)
+
+    def _rows_and_flags(self, op, keys, local_fn, first_only):
+        """Rows and ``exists`` flags of ``keys`` from ``local_fn(keys, return_exists=True)``
+        on the owners; ``first_only``: repeats of a key in the batch report True."""
         with self._comm.lock:
-            (keys, p), rc = self._begin("lookup", lambda: self._keys_plan(keys), True)
+            (keys, p), rc = self._begin(op, lambda: self._keys_plan(keys), True)
             c = self._comm
             recv = c.alltoallv(p.send_keys, p.counts, rc)
-            rows, found = self._local(self.local.lookup, recv, return_exists=True)
+            rows, found = self._local(local_fn, recv, return_exists=True)
             out = self._back(rows, rc, p, keys.shape)
-            exists = c.alltoallv(found, rc, p.counts)[p.slot]
+            back = c.alltoallv(found, rc, p.counts)
+            if first_only:
+                exists = np.empty(p.slot.shape[0], np.bool_)
+                first_flags(p.inverse, p.slot, back, exists)
+            else:
+                exists = back[p.slot]
             return out, exists.reshape(keys.shape)
 
     def size(self, index=None) -> int:
@@ -250,19 +260,10 @@ class DistributedVariable(Variable):
     def find_or_insert(self, keys, return_exists=False):
         """Collective ``Variable.find_or_insert``; with ``return_exists``, only a new
         key's first occurrence in rank order (then batch order) reports absent."""
-        with self._comm.lock:
-            (keys, p), rc = self._begin("find_or_insert", lambda: self._keys_plan(keys),
-                                        return_exists)
-            c = self._comm
-            recv = c.alltoallv(p.send_keys, p.counts, rc)
-            rows, found = self._local(self.local.find_or_insert, recv, return_exists=True)
-            out = self._back(rows, rc, p, keys.shape)
-            if not return_exists:
-                return out
-            back = c.alltoallv(found, rc, p.counts)
-            exists = np.empty(p.slot.shape[0], np.bool_)
-            first_flags(p.inverse, p.slot, back, exists)
-            return out, exists.reshape(keys.shape)
+        if not return_exists:
+            return self._read("find_or_insert", keys, self.local.find_or_insert)
+        return self._rows_and_flags("find_or_insert", keys, self.local.find_or_insert,
+                                    first_only=True)
 
     def upsert(self, keys, values):
         """Collective ``Variable.upsert``: for a key sent by several ranks (or repeated

@@ -72,25 +72,16 @@ class DistributedTable(RuleBasedStateMachine):
         info = np.iinfo(self.key_dtype)
         return [[k for k in keys if info.min <= k <= info.max] for keys in b]
 
-    @rule(b=st.lists(keys, min_size=WORLD, max_size=WORLD), exists=st.booleans())
-    def find_or_insert(self, b, exists):
+    @rule(b=st.lists(keys, min_size=WORLD, max_size=WORLD), exists=st.booleans(),
+          op=st.sampled_from(["find_or_insert", "lookup"]))
+    def read(self, b, exists, op):
         mine, every, part = self.batches(self.fit(b))
-        got = self.v.find_or_insert(mine, return_exists=exists)
-        want = self.ref.find_or_insert(every, return_exists=exists)
+        got = getattr(self.v, op)(mine, return_exists=exists)
+        want = getattr(self.ref, op)(every, return_exists=exists)
         if exists:
-            agree(np.array_equal(got[1], want[1][part]), "exists of find_or_insert")
+            agree(np.array_equal(got[1], want[1][part]), f"exists of {op}")
             got, want = got[0], want[0]
-        agree(np.array_equal(got, want[part]), "rows of find_or_insert")
-
-    @rule(b=st.lists(keys, min_size=WORLD, max_size=WORLD), exists=st.booleans())
-    def lookup(self, b, exists):
-        mine, every, part = self.batches(self.fit(b))
-        got = self.v.lookup(mine, return_exists=exists)
-        want = self.ref.lookup(every, return_exists=exists)
-        if exists:
-            agree(np.array_equal(got[1], want[1][part]), "exists of lookup")
-            got, want = got[0], want[0]
-        agree(np.array_equal(got, want[part]), "rows of lookup")
+        agree(np.array_equal(got, want[part]), f"rows of {op}")
 
     @rule(b=st.lists(keys, min_size=WORLD, max_size=WORLD), seed=st.integers(0, 99))
     def upsert(self, b, seed):
