@@ -11,8 +11,10 @@ float32, ``RandomNormal`` initial rows.  The step is the training path's table
 work: ``find_or_insert(ids)`` (forward), ``apply_gradients(Adam, ids, grads)``
 (backward), plus an inference ``lookup(ids)``.  Each op is timed per step
 (``time.perf_counter``) and split by the library's own counters
-(``Comm.times``): planning (unique, owners, bucketing, the batch-order gather
-of rows and the per-rank gradient sums), exchange (the header ``Alltoall`` plus
+(``Comm.times``): planning (unique, owners, bucketing), order (the rows back
+into batch order; the per-rank gradient sums or values in send order: passes
+over the batch's 16 MB of rows that a one-process table makes inside its own
+kernels), exchange (the header ``Alltoall`` plus
 the data ``Alltoallv`` calls) and local (the owner's table op).  The benchmark
 sets ``Comm.sync``: a ``Barrier`` before every MPI call, timed apart as "wait"
 (load imbalance: a rank that is done waits for one with more keys to own or
@@ -76,7 +78,7 @@ def child(args):
             t0 = time.perf_counter()
             calls[op]()
             total = time.perf_counter() - t0
-            parts = dict(c.times) if c is not None else {"plan": 0.0, "wait": 0.0,
+            parts = dict(c.times) if c is not None else {"plan": 0.0, "order": 0.0, "wait": 0.0,
                                                           "exchange": 0.0, "local": total}
             sent = c.bytes_sent if c is not None else 0
             bare = 0.0
@@ -92,14 +94,14 @@ def child(args):
                     c.comm.Alltoallv([s, (sb, sd), MPI.BYTE], [r, (rb, rd), MPI.BYTE])
                 bare = time.perf_counter() - t1
             vals = np.array([total, parts["plan"], parts["exchange"], parts["local"], bare,
-                             parts["wait"]])
+                             parts["wait"], parts["order"]])
             worst = np.empty_like(vals)
             comm.Allreduce(vals, worst, op=MPI.MAX)
             if step >= args.warmup:
-                rows[op].append(worst.tolist() + [sent / args.ids])   # slowest rank, each phase
+                rows[op].append(worst.tolist()[:6] + [sent / args.ids, worst[6]])  # slowest rank
     size = v.size()
     if rank == 0:
-        med = {op: [statistics.median(r[i] for r in rows[op]) for i in range(7)] for op in OPS}
+        med = {op: [statistics.median(r[i] for r in rows[op]) for i in range(8)] for op in OPS}
         print(json.dumps({"world": world, "size": size, "ops": med}), flush=True)
 
 
@@ -134,16 +136,17 @@ def main():
           f"numba threads per rank cpus // R; mpi4py {mpi4py.__version__}; "
           f"load average {os.getloadavg()[0]:.1f}")
     print()
-    print("| R | op | step ms | plan ms | wait ms | exchange ms | local ms | bare Alltoallv ms | "
-          "exchange / bare | plan / step | bytes sent / id | note |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("| R | op | step ms | plan ms | order ms | wait ms | exchange ms | local ms | "
+          "bare Alltoallv ms | exchange / bare | plan / step | bytes sent / id | note |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for res in results:
         r = res["world"]
         note = f"oversubscribed: {r} ranks on {cores} cores" if r > cores else ""
         for op in OPS:
-            total, plan, ex, local, bare, wait, per_id = res["ops"][op]
+            total, plan, ex, local, bare, wait, per_id, order = res["ops"][op]
             ratio = f"{ex / bare:.2f}x" if bare > 0 else "—"
-            print(f"| {r} | {op} | {1e3 * total:.2f} | {1e3 * plan:.2f} | {1e3 * wait:.2f} | "
+            print(f"| {r} | {op} | {1e3 * total:.2f} | {1e3 * plan:.2f} | {1e3 * order:.2f} | "
+                  f"{1e3 * wait:.2f} | "
                   f"{1e3 * ex:.2f} | "
                   f"{1e3 * local:.2f} | {1e3 * bare:.2f} | {ratio} | {plan / total:.0%} | "
                   f"{per_id:.0f} | {note} |")

@@ -73,7 +73,10 @@ class Comm:
         self.size = self.comm.Get_size()
         self.lock = threading.RLock()   # one collective op at a time in this process
         self.tables = 0                 # distributed tables created on it (creation order)
-        self.times = {"plan": 0.0, "wait": 0.0, "exchange": 0.0, "local": 0.0}
+        # plan: unique, owners, bucketing; order: rows into batch order, gradients or values
+        # into send order (memory passes over the batch's rows); wait: load imbalance
+        # (only with sync); exchange: MPI calls; local: the owner's table op
+        self.times = {"plan": 0.0, "order": 0.0, "wait": 0.0, "exchange": 0.0, "local": 0.0}
         self.sync = False       # benchmarks: a Barrier before each call, timed as "wait"
         self.bytes_sent = 0
         self.record = None      # a list: every alltoallv appends its (send, recv) byte counts
@@ -101,10 +104,13 @@ class Comm:
             self.comm.Barrier()
             self.add_time("wait", t0)
 
-    def add_time(self, phase, t0):
-        """Add the time since ``t0`` to ``phase``; returns now."""
+    def add_time(self, phase, t0, moved_from=None):
+        """Add the time since ``t0`` to ``phase`` (and take it from ``moved_from``, for a
+        part of a phase timed as a whole); returns now."""
         t = time.perf_counter()
         self.times[phase] += t - t0
+        if moved_from is not None:
+            self.times[moved_from] -= t - t0
         return t
 
     # ---- the header ---------------------------------------------------------------

@@ -200,7 +200,7 @@ class DistributedVariable(Variable):
         t0 = time.perf_counter()
         out = aligned_empty((p.slot.shape[0], back.shape[1]), back.dtype)
         gather_rows(back, p.slot, out)
-        c.add_time("plan", t0)
+        c.add_time("order", t0)
         return out.reshape(tuple(shape) + (back.shape[1],))
 
     def _read(self, op, keys, owner_fn, arg=0, check=None):
@@ -271,8 +271,10 @@ class DistributedVariable(Variable):
         def prepare():
             k, p = self._plan(keys)
             vals = self.local._values(values, k.shape)
+            t0 = time.perf_counter()
             send = np.empty((p.send_keys.shape[0], self.dim), self.value_dtype)
             assign_rows(send, p.slot, vals, numba.get_num_threads())   # last one wins
+            self._comm.add_time("order", t0, moved_from="plan")
             return (p, send), p.counts
 
         with self._comm.lock:
@@ -290,10 +292,12 @@ class DistributedVariable(Variable):
             old = self.local._values(old_values, k.shape, "old_values")
             new = self.local._values(new_values, k.shape, "new_values")
             ex = self.local._arrays.exists(exists, k.shape)
+            t0 = time.perf_counter()
             pair = np.empty((p.slot.shape[0], 2, self.dim), self.value_dtype)
             pair[p.slot, 0], pair[p.slot, 1] = old, new
             flags = np.empty_like(ex)
             flags[p.slot] = ex
+            self._comm.add_time("order", t0, moved_from="plan")
             return (p, pair, flags), p.counts
 
         with self._comm.lock:
@@ -333,7 +337,9 @@ class DistributedVariable(Variable):
             checked.extend(_step_and_rate(optimizer, step, lr))
             k, p = self._plan(keys, unique=not assume_unique)
             g = self.local._values(grads, k.shape, "grads")
+            t0 = time.perf_counter()
             sums = segment_sum(g, p.slot, p.send_keys.shape[0], numba.get_num_threads())
+            self._comm.add_time("order", t0, moved_from="plan")
             return (p, sums), p.counts
 
         arg = (repr(optimizer), repr(step), repr(lr), bool(assume_unique), bool(delta))
