@@ -41,6 +41,7 @@ def by_seven(keys, n):
 
 class DistributedTable(RuleBasedStateMachine):
     key_dtype, num_shards, partitioner = np.int64, 1, None
+    checks = 0          # invariant checks run (the test asserts the machine did run)
 
     def __init__(self):
         super().__init__()
@@ -143,6 +144,7 @@ class DistributedTable(RuleBasedStateMachine):
 
     @invariant()
     def same_table(self):
+        type(self).checks += 1
         agree(self.v.size() == self.ref.size(), "global size")
         keys, vals = self.v.export()
         owner = (self.partitioner or ne.default_partitioner)(keys, WORLD)
@@ -166,4 +168,7 @@ class Int32TwoShardsCustomPartitioner(DistributedTable):
 
 @pytest.mark.parametrize("machine", [DistributedTable, Int32TwoShardsCustomPartitioner])
 def test_equals_one_process(machine):
+    machine.checks = 0
     run_state_machine_as_test(machine, settings=settings.get_profile("mpi"))
+    ran = COMM.allgather(machine.checks)
+    assert len(set(ran)) == 1 and ran[0] >= settings.get_profile("mpi").max_examples, ran
