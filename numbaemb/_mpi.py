@@ -29,7 +29,7 @@ import zlib
 
 import numpy as np
 
-__all__ = ["Comm", "CollectiveMismatch", "size_of"]
+__all__ = ["Comm", "CollectiveMismatch", "size_of", "DENSE_OPS"]
 
 OK, TYPE_ERROR, VALUE_ERROR, OTHER_ERROR = 0, 1, 2, 3
 _WORDS = 5                        # count, op, tag, arg, status
@@ -143,9 +143,10 @@ class Comm:
         if mismatch and not got[:, 4].any():     # bad input is the likelier cause: say that
             doing = "; ".join(f"rank {r}: {w}" for r, (w, _) in enumerate(notes))
             raise CollectiveMismatch(
-                "ranks called different collective table operations (or the same one with "
-                f"different arguments) at the same point: {doing}. Every rank must call the "
-                "same operations on the same tables in the same order; nothing was applied")
+                "ranks called different collective operations (or the same one with "
+                f"different arguments or shapes) at the same point: {doing}. Every rank must "
+                "call the same operations (on the same tables) in the same order; nothing was "
+                "applied")
         bad = [r for r in range(self.size) if got[r, 4]]
         first = bad[0]
         kind = {TYPE_ERROR: TypeError, VALUE_ERROR: ValueError}.get(int(got[first, 4]),
@@ -185,3 +186,108 @@ class Comm:
 
     def bcast(self, obj):
         return self.comm.bcast(obj, root=0)
+
+    # ---- dense collectives (data-parallel training: gradients, metrics, broadcasts) ------
+    # Each opens with the same header as a table op (kind + a hash of the arrays' shapes and
+    # dtypes), so ranks that call different collectives, or the same one on different
+    # shapes, raise CollectiveMismatch on every rank instead of mixing buffers or hanging.
+    def _dense_start(self, kind, signature, error, what):
+        self.start(DENSE_OPS[kind], 0, crc(kind, signature), 0, error,
+                   what if signature is None else f"{what} of {signature}")
+
+    def allreduce_arrays(self, arrays, op="sum", what="allreduce", error=None):
+        """Element-wise ``op`` ("sum", "min", "max", "prod") of ``arrays`` (a list of
+        NumPy arrays with the same shapes and dtypes on every rank) over the ranks: one
+        fused ``Allreduce`` per dtype.  Returns new arrays, in order."""
+        from mpi4py import MPI
+        mpi_op = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}[op]
+        sig = None if error else [(a.shape, a.dtype.str) for a in arrays]
+        with self.lock:
+            self._dense_start("allreduce", (op, sig), error, what)
+            self._wait()
+            t0 = time.perf_counter()
+            out = [None] * len(arrays)
+            for dtype in sorted({a.dtype.str for a in arrays}):
+                idx = [i for i, a in enumerate(arrays) if a.dtype.str == dtype]
+                buf = np.concatenate([arrays[i].reshape(-1) for i in idx])
+                if buf.dtype == np.float16:      # MPI has no half type: 16-bit words, our op
+                    self.comm.Allreduce(MPI.IN_PLACE, [buf.view(np.uint16), MPI.UINT16_T],
+                                        op=_half_op(op))
+                else:
+                    self.comm.Allreduce(MPI.IN_PLACE, buf, op=mpi_op)
+                self.bytes_sent += buf.nbytes
+                at = 0
+                for i in idx:
+                    n = arrays[i].size
+                    out[i] = buf[at:at + n].reshape(arrays[i].shape)
+                    at += n
+            self.add_time("exchange", t0)
+            return out
+
+    def allgather_arrays(self, arrays, what="allgather", error=None):
+        """Every rank's ``arrays`` concatenated along axis 0, in rank order (first
+        dimensions may differ across ranks; the rest and the dtypes must match)."""
+        sig = None if error else [(a.shape[1:], a.dtype.str) for a in arrays]
+        with self.lock:
+            self._dense_start("allgather", sig, error, what)
+            rows = np.array([a.shape[0] if a.ndim else 1 for a in arrays], np.int64)
+            every = np.empty((self.size, rows.shape[0]), np.int64)
+            self.comm.Allgather(rows, every)
+            t0 = time.perf_counter()
+            out = []
+            for i, a in enumerate(arrays):
+                a = np.ascontiguousarray(a.reshape((-1,) + a.shape[1:]))
+                width = int(np.prod(a.shape[1:], dtype=np.int64))
+                counts = every[:, i] * width
+                recv = np.empty((int(every[:, i].sum()),) + a.shape[1:], a.dtype)
+                self.comm.Allgatherv(a, [recv, (counts, _displs(counts))])
+                self.bytes_sent += a.nbytes
+                out.append(recv)
+            self.add_time("exchange", t0)
+            return out
+
+    def broadcast_arrays(self, arrays, root, what="broadcast", error=None):
+        """``arrays`` of rank ``root`` on every rank (same shapes and dtypes on every
+        rank): one ``Bcast`` of their bytes side by side."""
+        sig = None if error else (int(root), [(a.shape, a.dtype.str) for a in arrays])
+        with self.lock:
+            self._dense_start("broadcast", sig, error, what)
+            t0 = time.perf_counter()
+            sizes = [a.nbytes for a in arrays]
+            buf = np.empty(sum(sizes), np.uint8)
+            if self.rank == root:
+                at = 0
+                for a, n in zip(arrays, sizes):
+                    buf[at:at + n] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+                    at += n
+            self.comm.Bcast(buf, root=int(root))
+            self.bytes_sent += buf.nbytes if self.rank == root else 0
+            out, at = [], 0
+            for a, n in zip(arrays, sizes):
+                out.append(buf[at:at + n].view(a.dtype).reshape(a.shape))
+                at += n
+            self.add_time("exchange", t0)
+            return out
+
+
+_HALF_OPS = {}
+
+
+def _half_op(op):
+    """An MPI reduction of float16 values carried as 16-bit words."""
+    got = _HALF_OPS.get(op)
+    if got is None:
+        from mpi4py import MPI
+        fn = {"sum": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}[op]
+
+        def reduce(inbuf, inoutbuf, datatype):
+            a = np.frombuffer(inbuf, np.float16)
+            b = np.frombuffer(inoutbuf, np.float16)
+            fn(b, a, out=b)
+
+        got = _HALF_OPS[op] = MPI.Op.Create(reduce, commute=True)
+    return got
+
+
+# op codes of the dense collectives in the header (table ops use 1..31)
+DENSE_OPS = {"allreduce": 101, "allgather": 102, "broadcast": 103}

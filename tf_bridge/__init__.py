@@ -46,3 +46,8 @@ __all__ += ["keras", "DynamicEmbeddingOptimizer", "RestrictPolicy", "TimestampRe
 from . import tpu  # noqa: E402
 
 __all__ += ["tpu"]
+
+# Training on several processes (MPI): Horovod's names (tf_bridge.distributed).
+from . import distributed, sok  # noqa: E402
+
+__all__ += ["distributed", "sok"]

@@ -18,6 +18,7 @@
 (TensorShape([2, 3]), True)
 """
 import threading
+import weakref
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -102,12 +103,23 @@ def from_tf(tensor) -> np.ndarray:
     return np.from_dlpack(tensor)
 
 
-def numpy_call(fn, inputs, tout, name=None):
+# per graph, the last collective op created in it (see numpy_call(collective=True))
+_LAST_COLLECTIVE = weakref.WeakKeyDictionary()
+
+
+def numpy_call(fn, inputs, tout, name=None, collective=False):
     """``fn(*arrays) -> tuple of arrays`` applied to tensors; returns a list of tensors.
 
     Eager: inputs are numpy views (``from_tf``), outputs go out through ``to_tf``.
     In a graph: one stateful ``tf.numpy_function`` op (outputs of unknown shape;
     callers set static shapes).  ``fn`` must not write into its inputs.
+
+    ``collective``: ``fn`` talks to the other MPI ranks (a distributed table's
+    exchange, an allreduce).  Such calls must run in the same order on every rank,
+    so in a graph each gets a control dependency on the previous collective call
+    created in the same graph: TensorFlow then runs them one at a time, in program
+    order, whatever it runs concurrently around them.  Eagerly, calls run in
+    program order anyway.  (With no outputs the op itself is returned.)
     """
     if tf.executing_eagerly():
         outs = fn(*[from_tf(x) for x in inputs])
@@ -116,4 +128,11 @@ def numpy_call(fn, inputs, tout, name=None):
     def run(*arrays):
         return [aligned(o) for o in fn(*arrays)]
 
-    return tf.numpy_function(run, list(inputs), list(tout), stateful=True, name=name)
+    if not collective:
+        return tf.numpy_function(run, list(inputs), list(tout), stateful=True, name=name)
+    graph = tf.compat.v1.get_default_graph()
+    last = _LAST_COLLECTIVE.get(graph)
+    with tf.control_dependencies([last] if last is not None else []):
+        out = tf.numpy_function(run, list(inputs), list(tout), stateful=True, name=name)
+    _LAST_COLLECTIVE[graph] = out if isinstance(out, tf.Operation) else out[0].op
+    return out

@@ -87,13 +87,16 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
         finds the distinct ids (the gradient is summed per id).
       restrict_policy, bp_v2, init_size, num_shards, partitioner, seed: as ``de.Variable``.
       max_norm: clip each looked-up row's L2 norm.
+      distributed: split the table across the MPI ranks of ``tf_bridge.distributed``
+        (each id's row on rank ``id mod size``); lookups and optimizer steps exchange
+        ids and rows with the owners.  See ``de.Variable``.
       **kwargs: Keras layer arguments (``trainable``, ...).
     """
 
     def __init__(self, embedding_size, key_dtype=tf.int64, value_dtype=tf.float32,
                  combiner=None, initializer=None, devices=None, name=None, with_unique=False, *,
                  restrict_policy=None, bp_v2=False, init_size=0, num_shards=None,
-                 partitioner=None, seed=None, max_norm=None, **kwargs):
+                 partitioner=None, seed=None, max_norm=None, distributed=False, **kwargs):
         if isinstance(embedding_size, (bool, np.bool_)) or not isinstance(
                 embedding_size, (int, np.integer)):
             raise TypeError(f"embedding_size must be an int, got {type(embedding_size).__name__}")
@@ -116,7 +119,9 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
                                partitioner=partitioner, name=f"{self.name}-parameter",
                                initializer=initializer, trainable=self.trainable,
                                init_size=init_size, restrict_policy=restrict_policy,
-                               bp_v2=bp_v2, num_shards=num_shards, seed=seed)
+                               bp_v2=bp_v2, num_shards=num_shards, seed=seed,
+                               distributed=distributed)
+        self.distributed = bool(distributed)
         self.supports_jit = False        # tf.numpy_function cannot be XLA-compiled
 
     def build(self, input_shape=None):
@@ -243,6 +248,7 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
             initializer=keras.initializers.serialize(init)
             if isinstance(init, keras.initializers.Initializer) else None,
             with_unique=self.with_unique, max_norm=self.max_norm, bp_v2=self.params.bp_v2,
+            distributed=self.distributed,
             num_shards=self.params.table.num_shards,
             restrict_policy=None if policy is None else type(policy).__name__)
         return config

@@ -114,7 +114,8 @@ def unique_lookup(params, ids, handle=None):
         return plain(ids, handle)
 
     key_np, dim = params.key_dtype.as_numpy_dtype, params.dim
-    stash = train and params._pending is None    # kernel initializers: rows are f(key)
+    # kernel initializers: rows are f(key); a distributed table's owners draw them themselves
+    stash = train and params._pending is None and not params.distributed
 
     def forward(keys):
         flat = keys.reshape(-1)
@@ -137,7 +138,8 @@ def unique_lookup(params, ids, handle=None):
         rows, rest = to_tf(out[0]), out[1:]
     else:
         tout = [params.value_dtype] + ([params.key_dtype, tf.int64] if train else [])
-        rows, *rest = numpy_call(forward, [ids], tout, name="unique_lookup")
+        rows, *rest = numpy_call(forward, [ids], tout, name="unique_lookup",
+                                 collective=params.distributed)
 
     def shaped(rows):
         emb = tf.reshape(rows, tf.concat([tf.shape(ids, out_type=tf.int64), [dim]], 0))

@@ -265,7 +265,8 @@ class DynamicEmbeddingOptimizer(keras.optimizers.Optimizer):
             _step(var, rule, k, g, int(s), float(r), bp_v2, distinct)
             return ()
 
-        numpy_call(run, [keys, values, step, lr], [], name=f"{var.name}_apply")
+        numpy_call(run, [keys, values, step, lr], [], name=f"{var.name}_apply",
+                   collective=var.distributed)
 
     def _prepare(self, values):
         """Loss-scale and clipping of the wrapped optimizer, on summed per-id rows."""
@@ -301,6 +302,7 @@ class DynamicEmbeddingOptimizer(keras.optimizers.Optimizer):
 
 # ---- numpy side: one call per dynamic variable per step -------------------------------------
 def _step(var, rule, keys, grads, step, lr, bp_v2, distinct=False):
+    var._check_capacity(keys, distinct)
     var.insert_initial_values(keys)          # callable initializers: rows the loss saw
     fresh = take_fresh(var, keys) if distinct and not bp_v2 else None
     ne_opt.apply_gradients(var.table, rule, keys, grads, step=step, learning_rate=lr,

@@ -170,6 +170,14 @@ class Variable(tf.__internal__.tracking.Trackable):
         ``de.FrequencyRestrictPolicy``); ``restrict`` then bounds the size.
       bp_v2: optimizer steps add the weight change through ``accum`` (TFRA's bp_v2).
       num_shards, seed: numbaemb options (keyword only).
+      distributed: split the keys across the MPI ranks of ``tf_bridge.distributed``
+        (keyword only; each id's row on rank ``id mod size``, ``num_shards`` local
+        shards on each).  Creating it, lookups, ``size()``, writes and optimizer steps
+        are then collective: every rank makes them, in the same order (see
+        :mod:`tf_bridge.distributed`); ``export()`` gives this rank's keys.  Needs an
+        initializer whose rows depend on the key only (None, a number, an array or a
+        seeded Keras random initializer); no ``restrict_policy``.  With one process
+        it is an ordinary table.
 
     Checkpoints: the variable is trackable; ``tf.train.Checkpoint(emb=v)`` (or a
     Keras layer / ``tf.Module`` holding it) saves keys, values and every extra
@@ -183,7 +191,7 @@ class Variable(tf.__internal__.tracking.Trackable):
                  partitioner=None, shared_name=None, name="DynamicEmbedding_Variable",
                  initializer=None, trainable=True, checkpoint=True, init_size=0,
                  kv_creator=None, restrict_policy=None, bp_v2=False, *, num_shards=None,
-                 seed=None):
+                 seed=None, distributed=False):
         if kv_creator is not None:
             raise ValueError("kv_creator must be None: tables are numbaemb shards in host memory")
         if not isinstance(name, str) or not name:
@@ -196,10 +204,12 @@ class Variable(tf.__internal__.tracking.Trackable):
         self.shared_name = shared_name
         self.trainable, self.checkpoint, self.bp_v2 = bool(trainable), bool(checkpoint), bool(bp_v2)
         opts = dict(key_dtype=self.key_dtype.as_numpy_dtype, value_dtype=self.value_dtype.as_numpy_dtype)
+        comm = _distributed_comm(distributed, kernel_init, restrict_policy, initializer)
         self.table = numbaemb.Variable(
             dim, num_shards=len(self.devices) if num_shards is None else num_shards,
             partitioner=partitioner, name=name, init_size=init_size, seed=seed,
-            initializer=self.initializer if kernel_init else None, **opts)
+            initializer=self.initializer if kernel_init else None, comm=comm, **opts)
+        self.distributed = self.table.comm is not None     # split across more than one rank
         # callable initializers: initial rows handed out by training lookups, kept until
         # an optimizer step inserts them (insert_initial_values), so it trains what the loss saw
         self._pending = None if kernel_init else numbaemb.Variable(dim, **opts)
@@ -244,14 +254,58 @@ class Variable(tf.__internal__.tracking.Trackable):
             return serve(self, keys, return_exists)
         tout = [self.value_dtype, tf.bool] if return_exists else [self.value_dtype]
         out = numpy_call(lambda k: self._np_lookup(k, return_exists, record), [keys], tout,
-                         name=name)
+                         name=name, collective=self.distributed)
         out[0].set_shape(keys.shape.concatenate([self.dim]))
         if return_exists:
             out[1].set_shape(keys.shape)
             return out[0], out[1]
         return out[0]
 
+    # ---- limits (de.sok.All2AllDenseEmbedding sets them) ----------------------------------
+    key_range = property(lambda self: self._limits.get("key_range"),
+                         lambda self, r: self._set_limit("key_range", r),
+                         doc="None, or ``(lo, hi)``: lookups and steps reject keys outside "
+                             "``[lo, hi)`` with a ValueError (on every rank).")
+    capacity = property(lambda self: self._limits.get("capacity"),
+                        lambda self, c: self._set_limit("capacity", c),
+                        doc="None, or the most keys the table (distributed: each rank) may "
+                            "hold: an optimizer step that would insert past it raises "
+                            "ValueError and applies nothing.")
+
+    def _set_limit(self, name, value):
+        self.__dict__.setdefault("_limits", {})[name] = value
+        if self.distributed:
+            setattr(self.table, name, value)
+
+    _limits = {}
+
+    def _check_keys(self, keys):
+        """One process: ``key_range`` (a distributed table checks inside its exchange)."""
+        rng = self.key_range
+        if rng is None or self.distributed or keys.size == 0:
+            return
+        lo, hi = rng
+        kmin, kmax = int(keys.min()), int(keys.max())
+        if kmin < lo or kmax >= hi:
+            raise ValueError(f"keys must be in [{lo}, {hi}) for table {self.name!r}, got min "
+                             f"{kmin}, max {kmax}")
+
+    def _check_capacity(self, keys, distinct=False):
+        """One process: would inserting ``keys`` take the table past ``capacity``?"""
+        cap = self.capacity
+        if cap is None or self.distributed:
+            return
+        keys = np.asarray(keys).reshape(-1)
+        keys = keys if distinct else np.unique(keys)
+        self._check_keys(keys)
+        new = int((~self.table.lookup(keys, return_exists=True)[1]).sum()) if keys.size else 0
+        if self.table.size() + new > cap:
+            raise ValueError(f"table {self.name!r} is full: this step would put "
+                             f"{self.table.size() + new} keys in it, over its capacity of "
+                             f"{cap} keys (nothing was applied)")
+
     def _np_lookup(self, keys, return_exists, record):
+        self._check_keys(keys)
         rows, exists = self.table.lookup(keys, return_exists=True)
         if self._pending is not None and not exists.all():
             self._fill_missing(keys, rows, exists, record)
@@ -284,13 +338,19 @@ class Variable(tf.__internal__.tracking.Trackable):
         return arr
 
     def size(self, index=None, name=None):
-        """Number of keys (int64 scalar tensor), in all shards or in shard ``index``."""
-        self.table.size(index)     # validates index now, also when tracing
+        """Number of keys (int64 scalar tensor), in all shards or in shard ``index``.
+
+        Distributed: keys on every rank (collective), or in this rank's local shard
+        ``index``."""
+        if index is not None or not self.distributed:
+            self.table.size(index)     # validates index now, also when tracing
         return numpy_call(lambda: (np.array(self.table.size(index), np.int64),), [],
-                          [tf.int64], name=name)[0]
+                          [tf.int64], name=name,
+                          collective=self.distributed and index is None)[0]
 
     def export(self, name=None):
-        """``(keys (n,), values (n, dim))`` tensors of every key."""
+        """``(keys (n,), values (n, dim))`` tensors of every key (distributed: of every
+        key this rank owns; not collective)."""
         keys, values = numpy_call(self.table.export, [], [self.key_dtype, self.value_dtype],
                                   name=name)
         keys.set_shape([None])
@@ -299,7 +359,8 @@ class Variable(tf.__internal__.tracking.Trackable):
 
     # ---- writes --------------------------------------------------------------------
     def _write(self, fn, inputs, name):
-        numpy_call(lambda *a: (fn(*a), ())[1], inputs, [], name=name)
+        numpy_call(lambda *a: (fn(*a), ())[1], inputs, [], name=name,
+                   collective=self.distributed)
 
     def _forget(self, keys):
         if self._pending is not None:
@@ -387,8 +448,30 @@ class Variable(tf.__internal__.tracking.Trackable):
         return self.restrict_policy.apply_restriction(num_reserved, trigger, name=name)
 
     def __repr__(self):
+        size = (f"local_size={self.table.local_size()}, rank={self.table.rank}"
+                if self.distributed else f"size={self.table.size()}")
         return (f"de.Variable(name={self.name!r}, dim={self.dim}, key_dtype={self.key_dtype.name}, "
-                f"value_dtype={self.value_dtype.name}, size={self.table.size()})")
+                f"value_dtype={self.value_dtype.name}, {size})")
+
+
+def _distributed_comm(distributed, kernel_init, restrict_policy, initializer):
+    """The communicator a ``distributed`` table is split over (None: one process).
+
+    The limits of distributed tables hold with one process too, so a script that
+    runs on one machine runs under mpiexec unchanged."""
+    if not isinstance(distributed, (bool, np.bool_)):
+        raise TypeError(f"distributed must be a bool, got {type(distributed).__name__}")
+    if not distributed:
+        return None
+    if not kernel_init:
+        raise TypeError("a distributed table needs an initializer whose rows depend on the key "
+                        "only (None, a number, an array, or a Keras RandomNormal / "
+                        "RandomUniform / TruncatedNormal / Zeros / Constant), so that every "
+                        f"rank draws the same rows; got {initializer!r}")
+    if restrict_policy is not None:
+        raise NotImplementedError("restrict_policy is not supported on distributed tables yet")
+    from . import distributed as hvd
+    return hvd.comm()
 
 
 def owner_of(obj):
