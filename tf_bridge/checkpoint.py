@@ -295,6 +295,14 @@ def serialize_to_tensors(variable):
                          "lookups call back into Python); save training state with "
                          "tf.train.Checkpoint and serving models with "
                          "tf_bridge.export_for_serving")
+    if getattr(variable, "distributed", False):
+        from .distributed.saving import side_files
+        if side_files():
+            return {}           # hvd.Checkpoint saves it beside the bundle, a part per rank
+        raise ValueError(f"de.Variable {variable.name!r} is split across MPI ranks: a "
+                         "tf.train.Checkpoint would save only this rank's rows. Use "
+                         "tf_bridge.distributed.Checkpoint (the same API; call save/restore "
+                         "on every rank)")
     dtypes = [variable.key_dtype, variable.value_dtype, tf.string, tf.uint8]
     if tf.executing_eagerly():
         state = table_state(variable)
@@ -319,16 +327,29 @@ def restore_from_tensors(variable, tensors):
     if not variable.checkpoint or any(k not in tensors for k in STATE_NAMES):
         return None                 # checkpoint=False: the table is neither saved nor restored
     if tf.executing_eagerly():
-        restore_table_state(variable, {k: tensors[k].numpy() for k in STATE_NAMES})
+        _restore_owned(variable, {k: tensors[k].numpy() for k in STATE_NAMES})
         return None
 
     def run(keys, values, columns, blob):
-        restore_table_state(variable, {"keys": keys, "values": values, "columns": columns,
-                                       "column_bytes": blob})
+        _restore_owned(variable, {"keys": keys, "values": values, "columns": columns,
+                                  "column_bytes": blob})
         return np.zeros((), np.bool_)
 
     return tf.numpy_function(run, [tensors[k] for k in STATE_NAMES], tf.bool, stateful=True,
                              name="restore_table_state")
+
+
+def _restore_owned(variable, state):
+    """Restore ``state``; a table split across ranks keeps the keys this rank owns."""
+    if not getattr(variable, "distributed", False):
+        restore_table_state(variable, state)
+        return
+    from numbaemb.distributed_checkpoint import _owned
+    table = variable.table
+    mine = _owned(table, np.asarray(state["keys"]).astype(table.key_dtype))
+    state = dict(state, keys=state["keys"][mine], values=state["values"][mine],
+                 column_bytes=state["column_bytes"][mine])
+    restore_table_state(table.local, state)
 
 
 class _TableSnapshot(tf.__internal__.tracking.Trackable):
@@ -415,6 +436,12 @@ class KerasTableSaving:
         for attr, var in dynamic_variables(self):
             if not var.checkpoint:
                 continue
+            if getattr(var, "distributed", False):
+                raise NotImplementedError(
+                    f"layer {getattr(self, 'name', '?')!r}: table {var.name!r} is split across "
+                    "MPI ranks and a .keras file is written by one process; save training state "
+                    "with tf_bridge.distributed.Checkpoint (every rank) and serving models with "
+                    "de.export_for_serving (every rank; rank 0 writes)")
             state = table_state(var)
             state["columns"] = np.frombuffer(state["columns"].encode("utf-8"), np.uint8)
             for name in STATE_NAMES:
@@ -433,4 +460,4 @@ class KerasTableSaving:
                                  f"no table for attribute {attr!r}")
             state = {n: np.asarray(store[k]) for n, k in names.items()}
             state["columns"] = state["columns"].astype(np.uint8).tobytes().decode("utf-8")
-            restore_table_state(var, state)
+            _restore_owned(var, state)          # split tables keep this rank's keys

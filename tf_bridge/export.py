@@ -79,6 +79,7 @@ class _Freezer:
     def __init__(self):
         self.tables = {}          # id(variable) -> (variable, name, ServingTable)
         self.used = set()         # ids of the variables a traced lookup read
+        self.sources = {}         # id(variable) -> the table to freeze (split ones: gathered)
 
     def table(self, var):
         entry = self.tables.get(id(var))
@@ -92,7 +93,8 @@ class _Freezer:
                     "initializer to serve it")
             name = _identifier(var.name, {e[1] for e in self.tables.values()})
             with tf.init_scope():
-                entry = (var, name, ServingTable(var.table, name=name))
+                entry = (var, name, ServingTable(self.sources.get(id(var), var.table),
+                                                 name=name))
             self.tables[id(var)] = entry
         return entry[2]
 
@@ -325,8 +327,24 @@ def export_for_serving(model, path, input_signature=None, *, fn=None, signatures
     """
     call = _caller(model, fn)
     signature = _input_signature(model, input_signature)
+    split = [v for v in _reachable_variables(model) if v.distributed]
+    if split:                   # collective: rank 0 gets every row and writes alone
+        from .distributed import rank
+        from .distributed.saving import _barrier, gather_table
+        gathered = {id(v): gather_table(v) for v in split}
+        try:
+            if rank() == 0:
+                _export(model, path, call, signature, signatures, options, gathered)
+        finally:
+            _barrier()
+        return path
+    return _export(model, path, call, signature, signatures, options, {})
+
+
+def _export(model, path, call, signature, signatures, options, sources):
     serve = tf.function(call, input_signature=signature)
     with serving_lookups() as freezer:
+        freezer.sources = sources
         # Tables made before tracing: a trace that creates variables is traced twice.
         for var in _reachable_variables(model):
             if var._pending is None:

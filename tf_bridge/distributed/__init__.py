@@ -525,3 +525,6 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
 
 
 from . import callbacks  # noqa: E402
+from .saving import Checkpoint  # noqa: E402
+
+__all__ += ["Checkpoint"]
