@@ -22,8 +22,16 @@ The README's first command.  It
    ``model.predict`` on the same batch.
 
     python examples/train_ctr.py                      # about a minute on 2 cores
+    mpiexec -n 2 python -m mpi4py examples/train_ctr.py --distributed   # tables split over 2 ranks
     python examples/train_ctr.py --rows 8000000 --features 6 --dim 16 \\
         --vocab 500000 --out-dir /tmp/ctr              # bigger; keeps the files
+
+With ``--distributed`` (under ``mpiexec -n N``) every table is split across the
+ranks (each id's row on rank ``id mod N``), each rank trains on its share of
+every global batch (``--batch-size`` is the global batch) with
+``hvd.DistributedOptimizer`` (dense gradients averaged, table gradients sent to
+their owners), the checkpoint is ``hvd.Checkpoint`` (a table part per rank) and
+rank 0 writes the SavedModel; rank 0 prints.
 
 ``main(argv)`` returns the numbers it prints (tests/examples runs it tiny).
 """
@@ -94,17 +102,20 @@ def feature_names(features):
     return [f"feature_{f}" for f in range(features)]
 
 
-def build_model(features, dim, learning_rate):
-    """One dynamic table per feature, their pairwise dot products, and a small MLP."""
+def build_model(features, dim, learning_rate, distributed=False):
+    """One dynamic table per feature, their pairwise dot products, and a small MLP
+    (``distributed``: tables split across the MPI ranks, gradients reduced)."""
     import keras
 
     import tf_bridge as de
+    from tf_bridge import distributed as hvd
 
     inputs, embs = [], []
     for name in feature_names(features):
         ids = keras.Input(shape=(), dtype="int64", name=name)        # one id per row
         inputs.append(ids)
-        embs.append(de.keras.layers.Embedding(dim, name=f"{name}_emb")(ids))   # (batch, dim)
+        embs.append(de.keras.layers.Embedding(dim, name=f"{name}_emb",        # (batch, dim)
+                                              distributed=distributed)(ids))
     dots = [keras.layers.Dot(axes=1)([embs[i], embs[j]])
             for i in range(features) for j in range(i + 1, features)]
     x = keras.layers.Concatenate()(embs + dots) if len(embs + dots) > 1 else embs[0]
@@ -112,7 +123,8 @@ def build_model(features, dim, learning_rate):
     x = keras.layers.Dense(32, activation="relu")(x)
     click = keras.layers.Dense(1, activation="sigmoid", name="click")(x)
     model = keras.Model(inputs, click, name="ctr")
-    model.compile(optimizer=de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(learning_rate)),
+    opt = de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(learning_rate))
+    model.compile(optimizer=hvd.DistributedOptimizer(opt) if distributed else opt,
                   loss="binary_crossentropy", metrics=[keras.metrics.AUC(name="auc")])
     return model
 
@@ -190,6 +202,8 @@ def parse_args(argv):
                    help="where the checkpoint and the SavedModel go (default: a temporary "
                         "directory, removed at the end)")
     p.add_argument("--verbose", type=int, default=1, help="model.fit verbosity (1: progress bar)")
+    p.add_argument("--distributed", action="store_true",
+                   help="split the tables across the ranks of mpiexec (tf_bridge.distributed)")
     args = p.parse_args(argv)
     for name in ("features", "dim", "epochs", "vocab", "batch_size"):
         if getattr(args, name) < 1:
@@ -210,13 +224,26 @@ def main(argv=None):
 
     import tf_bridge as de
 
+    from tf_bridge import distributed as hvd
+
     keras.utils.set_random_seed(args.seed)
-    out_dir = args.out_dir or tempfile.mkdtemp(prefix="train_ctr_")
+    rank = 0
+    if args.distributed:
+        hvd.init()
+        rank = hvd.rank()
+        if rank != 0:                    # rank 0 prints
+            sys.stdout = open(os.devnull, "w")
+            args.verbose = 0
+    out_dir = args.out_dir or (tempfile.mkdtemp(prefix="train_ctr_") if rank == 0 else None)
+    if args.distributed:                 # one directory for every rank (same machine or shared)
+        out_dir = hvd.broadcast_object(out_dir, 0)
     os.makedirs(out_dir, exist_ok=True)
     try:
         results = _run(args, out_dir, keras, tf, de)
     finally:
-        if args.out_dir is None:
+        if args.distributed:
+            hvd.broadcast_object(None, 0)          # every rank done with the files
+        if args.out_dir is None and rank == 0:
             shutil.rmtree(out_dir, ignore_errors=True)
     results["timings"]["total"] = time.perf_counter() - t_start
     print("\nTimings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in results["timings"].items()))
@@ -250,14 +277,27 @@ def _run(args, out_dir, keras, tf, de):
     print(f"  sample ids: {ids[0].tolist()}")
 
     # 2. train -------------------------------------------------------------------------
-    model = build_model(args.features, args.dim, args.learning_rate)
+    from tf_bridge import distributed as hvd
+    dist = args.distributed
+    rank, world = (hvd.rank(), hvd.size()) if dist else (0, 1)
+    model = build_model(args.features, args.dim, args.learning_rate, dist)
     tables = [model.get_layer(f"{n}_emb").params for n in feature_names(args.features)]
     print(f"\nModel: {args.features} x de.keras.layers.Embedding({args.dim}) + pairwise dots "
           f"+ MLP(64, 32, 1); {model.count_params():,} dense parameters; tables start empty: "
           f"{[int(v.size()) for v in tables]}")
     t = time.perf_counter()
-    model.fit(as_inputs(x_train), y_train, batch_size=args.batch_size, epochs=args.epochs,
-              shuffle=True, verbose=args.verbose)
+    x_fit, y_fit, batch = x_train, y_train, args.batch_size
+    callbacks = []
+    if dist:       # the same number of rows (so of steps) on every rank: its share of each batch
+        share = n_train // world
+        x_fit, y_fit = x_train[rank * share:(rank + 1) * share], y_train[rank * share:(rank + 1) * share]
+        batch = max(1, args.batch_size // world)
+        callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                     hvd.callbacks.MetricAverageCallback()]
+        print(f"{world} ranks: tables split by id mod {world}; {share:,} training rows and a "
+              f"batch of {batch} per rank")
+    model.fit(as_inputs(x_fit), y_fit, batch_size=batch, epochs=args.epochs,
+              shuffle=True, verbose=args.verbose, callbacks=callbacks)
     timings["train"] = time.perf_counter() - t
     sizes = [int(v.size()) for v in tables]
     print(f"table sizes after training: {sizes} (= distinct train ids: "
@@ -299,11 +339,12 @@ def _run(args, out_dir, keras, tf, de):
     batch[-1] = feature_ids(np.arange(args.features), np.full(args.features, args.vocab + 7),
                             args.seed)                # ids nobody has ever seen
     live = model.predict(as_inputs(batch), verbose=0).reshape(-1)
-    ckpt_path = tf.train.Checkpoint(model=model, optimizer=model.optimizer).save(
+    Checkpoint = hvd.Checkpoint if dist else tf.train.Checkpoint
+    ckpt_path = Checkpoint(model=model, optimizer=model.optimizer).save(
         os.path.join(out_dir, "checkpoint", "ctr"))
-    fresh = build_model(args.features, args.dim, args.learning_rate)
+    fresh = build_model(args.features, args.dim, args.learning_rate, dist)
     fresh.optimizer.build(fresh.trainable_variables)
-    tf.train.Checkpoint(model=fresh, optimizer=fresh.optimizer).restore(
+    Checkpoint(model=fresh, optimizer=fresh.optimizer).restore(
         ckpt_path).assert_existing_objects_matched()
     restored = fresh.predict(as_inputs(batch), verbose=0).reshape(-1)
     fresh_sizes = [int(fresh.get_layer(f"{n}_emb").params.size())
@@ -320,7 +361,12 @@ def _run(args, out_dir, keras, tf, de):
     export_dir = de.export_for_serving(model, os.path.join(out_dir, "serving"))
     timings["export"] = time.perf_counter() - t
     t = time.perf_counter()
-    served, info = serve_in_fresh_process(export_dir, as_inputs(batch), out_dir)
+    if rank == 0:
+        served, info = serve_in_fresh_process(export_dir, as_inputs(batch), out_dir)
+    else:
+        served, info = live, {}
+    if dist:                             # every rank reports what rank 0 served
+        served, info = hvd.broadcast_object((served, info), 0)
     timings["serve"] = time.perf_counter() - t
     served = served.reshape(-1)
     results["served_max_abs_diff"] = float(np.max(np.abs(served - live)))
