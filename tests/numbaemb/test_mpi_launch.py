@@ -4,7 +4,6 @@ Each test launches ``mpiexec -n 2`` in a subprocess (with a time limit) on a sma
 script; skipped without mpi4py and its ``mpiexec``.  Not run under mpiexec itself.
 """
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -13,11 +12,9 @@ import time
 import pytest
 
 pytest.importorskip("mpi4py")
-MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep
-                       + os.environ.get("PATH", ""))
-pytestmark = [pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install mpich)"),
-              pytest.mark.skipif("PMI_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ,
-                                 reason="already under mpiexec")]
+from tests.mpi_launch import MARKS, MPIEXEC  # noqa: E402
+
+pytestmark = MARKS
 
 PRELUDE = """
 import os, sys, numpy as np, numbaemb as ne

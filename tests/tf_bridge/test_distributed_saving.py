@@ -7,7 +7,6 @@ key) and serves the SavedModel with TensorFlow alone.  Every copy must give the
 same tables, dense weights and predictions.
 """
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -16,11 +15,9 @@ import numpy as np
 import pytest
 
 pytest.importorskip("mpi4py")
-MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep
-                       + os.environ.get("PATH", ""))
-pytestmark = [pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install mpich)"),
-              pytest.mark.skipif("PMI_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ,
-                                 reason="already under mpiexec")]
+from tests.mpi_launch import MARKS, MPIEXEC  # noqa: E402
+
+pytestmark = MARKS
 
 COMMON = """
 import os, sys, numpy as np, tensorflow as tf, keras

@@ -272,14 +272,9 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
         ctxs.append(ctx)
     if n > 1:
         mpi_op, what = _MPI_OP[op], f"allreduce {name or ''}".strip()
-
-        def run(*arrays):
-            return tuple(_dense_comm().allreduce_arrays(list(arrays), mpi_op, what))
-
-        out = numpy_call(run, sent, [t.dtype for t in sent], name=name or "allreduce",
-                         collective=True)
-        for o, t in zip(out, sent):
-            o.set_shape(t.shape)
+        out = _same_shapes_call(
+            lambda arrays: _dense_comm().allreduce_arrays(arrays, mpi_op, what), sent,
+            name or "allreduce")
     else:
         out = sent
     result = []
@@ -360,12 +355,14 @@ def _broadcast_list(tensors, root_rank, name=None):
     if size() == 1 or not tensors:
         return [tf.identity(t) for t in tensors]
     what = f"broadcast {name or ''}".strip()
+    return _same_shapes_call(lambda arrays: _dense_comm().broadcast_arrays(arrays, root, what),
+                             tensors, name or "broadcast")
 
-    def run(*arrays):
-        return tuple(_dense_comm().broadcast_arrays(list(arrays), root, what))
 
-    out = numpy_call(run, tensors, [t.dtype for t in tensors], name=name or "broadcast",
-                     collective=True)
+def _same_shapes_call(fn, tensors, name):
+    """One collective op: ``fn(list of arrays) -> arrays`` of the same shapes and dtypes."""
+    out = numpy_call(lambda *arrays: tuple(fn(list(arrays))), tensors,
+                     [t.dtype for t in tensors], name=name, collective=True)
     for o, t in zip(out, tensors):
         o.set_shape(t.shape)
     return out
