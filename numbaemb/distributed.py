@@ -77,11 +77,10 @@ class DistributedVariable(Variable):
     ``init_size`` counts keys of the whole table; ``num_shards`` are local shards
     on each rank.  GPU tables (``device="cuda"``) are not distributed yet.
 
-    Limits (attributes, None by default; set them alike on every rank):
-    ``key_range = (lo, hi)`` makes every op reject keys outside ``[lo, hi)`` (a
-    ValueError on every rank, nothing applied); ``capacity`` bounds the keys each
-    rank owns: an optimizer step that would insert past it raises ValueError on
-    every rank and applies nothing.
+    Limits (as ``Variable``'s; set them alike on every rank): ``key_range`` is
+    checked while planning, so a bad key on one rank raises on every rank;
+    ``max_keys`` bounds the keys each rank owns, agreed on by every rank before
+    an optimizer step applies anything.
 
     Collective: ``lookup``, ``find_or_insert``, ``upsert``, ``accum``, ``remove``,
     ``size()`` (keys in the whole table, the same on every rank), ``clear``,
@@ -97,7 +96,6 @@ class DistributedVariable(Variable):
         world = size_of(comm)
         self.user_comm = comm
         self._comm = Comm.of(comm)
-        self.key_range = self.capacity = None
         self.rank, self.world_size = self._comm.rank, self._comm.size
         error = None
         try:      # a bad argument on one rank must reach the others (they wait in the exchange)
@@ -154,6 +152,9 @@ class DistributedVariable(Variable):
     def _lock(self):
         return self.local._lock
 
+    key_range = property(lambda self: self.local.key_range,
+                         lambda self, r: setattr(self.local, "key_range", r))
+
     def config(self) -> dict:
         cfg = self.local.config()
         cfg.update(partitioner=self.partitioner, world_size=self.world_size)
@@ -186,13 +187,7 @@ class DistributedVariable(Variable):
         return result, c.start(OPS[op], self._tag, crc(op, arg), counts, error, what)
 
     def _plan(self, keys, unique=True):
-        keys, flat = self.local._keys(keys)
-        if self.key_range is not None and flat.shape[0]:
-            lo, hi = self.key_range
-            kmin, kmax = int(flat.min()), int(flat.max())
-            if kmin < lo or kmax >= hi:
-                raise ValueError(f"keys must be in [{lo}, {hi}) for table {self.name!r}, got "
-                                 f"min {kmin}, max {kmax}")
+        keys, flat = self.local._keys(keys)      # checks the local table's key_range
         return keys, plan(flat, self.world_size, self.partitioner, self.key_dtype, unique)
 
     def _keys_plan(self, keys):
@@ -362,24 +357,23 @@ class DistributedVariable(Variable):
             recv_keys = c.alltoallv(p.send_keys, p.counts, rc)
             recv_sums = c.alltoallv(sums, p.counts, rc)
             step, lr = checked
-            if self.capacity is not None:
+            if self.max_keys is not None:
                 self._check_capacity(recv_keys)
             self._local(apply_gradients, self.local, optimizer, recv_keys, recv_sums,
                         step=step, learning_rate=lr, delta=delta)
 
     def _check_capacity(self, keys):
         """Every rank raises if inserting ``keys`` (received distinct keys) would take any
-        rank past ``capacity`` (one small Allgather, only for tables with a capacity)."""
-        new = int((~self.local.lookup(keys, return_exists=True)[1]).sum()) if keys.size else 0
-        after = np.array([self.local.size() + new], np.int64)
+        rank past ``max_keys`` (one small Allgather, only for tables with a limit)."""
+        after = np.array([self.local.size() + self.local._count_new(keys)], np.int64)
         every = np.empty(self.world_size, np.int64)
         self._comm.comm.Allgather(after, every)
-        over = [r for r in range(self.world_size) if every[r] > self.capacity]
+        over = [r for r in range(self.world_size) if every[r] > self.max_keys]
         if over:
             raise ValueError(
                 f"table {self.name!r} is full: this step would put "
                 f"{', '.join(f'{every[r]} keys on rank {r}' for r in over)}, over its capacity "
-                f"of {self.capacity} keys per rank (nothing was applied)")
+                f"of {self.max_keys} keys per rank (nothing was applied)")
 
     def _slot_values(self, optimizer, slot_name, keys):
         from .optimizers import _check_slot, slot_values

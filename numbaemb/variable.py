@@ -82,9 +82,17 @@ class Variable:
         across its ranks and the result is a
         :class:`numbaemb.distributed.DistributedVariable` (every op collective);
         ``None`` or one rank: this process holds every key.
+
+    Limits (attributes, None by default): ``key_range = (lo, hi)`` makes every op
+    reject keys outside ``[lo, hi)`` with a ValueError before it changes anything;
+    ``max_keys`` bounds the table's size for optimizer steps
+    (:func:`numbaemb.optimizers.apply_gradients`): a step that would insert past it
+    raises ValueError and applies nothing.
     """
 
     comm = None           # the communicator of a distributed table
+    key_range = None      # None or (lo, hi)
+    max_keys = None       # None or the most keys optimizer steps may fill the table to
 
     def __new__(cls, *args, comm=None, **kwargs):
         if cls is Variable and comm is not None:
@@ -141,7 +149,18 @@ class Variable:
                     max_hbm_bytes=self.max_hbm_bytes)
 
     def _keys(self, keys):
-        return self._arrays.keys(keys, self.key_dtype)
+        keys, flat = self._arrays.keys(keys, self.key_dtype)
+        if self.key_range is not None and flat.shape[0]:
+            lo, hi = self.key_range
+            kmin, kmax = int(flat.min()), int(flat.max())
+            if kmin < lo or kmax >= hi:
+                raise ValueError(f"keys must be in [{lo}, {hi}) for table {self.name!r}, got "
+                                 f"min {kmin}, max {kmax}")
+        return keys, flat
+
+    def _count_new(self, keys) -> int:
+        """How many of the distinct ``keys`` are absent."""
+        return int((~self.lookup(keys, return_exists=True)[1]).sum()) if keys.size else 0
 
     def _parts(self, keys, flat):
         """[(shard, positions or None, shard keys)], computed before any mutation."""

@@ -302,7 +302,6 @@ class DynamicEmbeddingOptimizer(keras.optimizers.Optimizer):
 
 # ---- numpy side: one call per dynamic variable per step -------------------------------------
 def _step(var, rule, keys, grads, step, lr, bp_v2, distinct=False):
-    var._check_capacity(keys, distinct)
     var.insert_initial_values(keys)          # callable initializers: rows the loss saw
     fresh = take_fresh(var, keys) if distinct and not bp_v2 else None
     ne_opt.apply_gradients(var.table, rule, keys, grads, step=step, learning_rate=lr,

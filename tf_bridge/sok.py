@@ -84,7 +84,7 @@ class All2AllDenseEmbedding(Embedding):
                          initializer=_initializer(embedding_initializer), name=name,
                          distributed=True, **kwargs)
         world = hvd.size()
-        self.params.capacity = self.max_vocabulary_size_per_gpu
+        self.params.max_keys = self.max_vocabulary_size_per_gpu
         if not self.use_hashtable:
             self.params.key_range = (0, self.max_vocabulary_size_per_gpu * world)
 

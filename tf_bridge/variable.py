@@ -261,51 +261,18 @@ class Variable(tf.__internal__.tracking.Trackable):
             return out[0], out[1]
         return out[0]
 
-    # ---- limits (de.sok.All2AllDenseEmbedding sets them) ----------------------------------
-    key_range = property(lambda self: self._limits.get("key_range"),
-                         lambda self, r: self._set_limit("key_range", r),
-                         doc="None, or ``(lo, hi)``: lookups and steps reject keys outside "
-                             "``[lo, hi)`` with a ValueError (on every rank).")
-    capacity = property(lambda self: self._limits.get("capacity"),
-                        lambda self, c: self._set_limit("capacity", c),
+    # ---- limits (de.sok.All2AllDenseEmbedding sets them): the table's own ------------------
+    key_range = property(lambda self: self.table.key_range,
+                         lambda self, r: setattr(self.table, "key_range", r),
+                         doc="None, or ``(lo, hi)``: ops reject keys outside ``[lo, hi)`` "
+                             "with a ValueError (on every rank); see ``numbaemb.Variable``.")
+    max_keys = property(lambda self: self.table.max_keys,
+                        lambda self, n: setattr(self.table, "max_keys", n),
                         doc="None, or the most keys the table (distributed: each rank) may "
                             "hold: an optimizer step that would insert past it raises "
                             "ValueError and applies nothing.")
 
-    def _set_limit(self, name, value):
-        self.__dict__.setdefault("_limits", {})[name] = value
-        if self.distributed:
-            setattr(self.table, name, value)
-
-    _limits = {}
-
-    def _check_keys(self, keys):
-        """One process: ``key_range`` (a distributed table checks inside its exchange)."""
-        rng = self.key_range
-        if rng is None or self.distributed or keys.size == 0:
-            return
-        lo, hi = rng
-        kmin, kmax = int(keys.min()), int(keys.max())
-        if kmin < lo or kmax >= hi:
-            raise ValueError(f"keys must be in [{lo}, {hi}) for table {self.name!r}, got min "
-                             f"{kmin}, max {kmax}")
-
-    def _check_capacity(self, keys, distinct=False):
-        """One process: would inserting ``keys`` take the table past ``capacity``?"""
-        cap = self.capacity
-        if cap is None or self.distributed:
-            return
-        keys = np.asarray(keys).reshape(-1)
-        keys = keys if distinct else np.unique(keys)
-        self._check_keys(keys)
-        new = int((~self.table.lookup(keys, return_exists=True)[1]).sum()) if keys.size else 0
-        if self.table.size() + new > cap:
-            raise ValueError(f"table {self.name!r} is full: this step would put "
-                             f"{self.table.size() + new} keys in it, over its capacity of "
-                             f"{cap} keys (nothing was applied)")
-
     def _np_lookup(self, keys, return_exists, record):
-        self._check_keys(keys)
         rows, exists = self.table.lookup(keys, return_exists=True)
         if self._pending is not None and not exists.all():
             self._fill_missing(keys, rows, exists, record)

@@ -416,3 +416,21 @@ def test_results_are_aligned_even_when_the_heap_is_not(monkeypatch, num_shards, 
         out = call()
         assert out.shape == shape + (DIM,)
         assert ne.is_aligned(out), f"result of shape {out.shape} at offset {out.ctypes.data % 64}"
+
+
+def test_key_range_and_max_keys_refuse_before_changing_anything():
+    import numbaemb as ne
+    v = ne.Variable(2, name="limited", num_shards=2)
+    v.key_range, v.max_keys = (0, 10), 3
+    with pytest.raises(ValueError, match=r"keys must be in \[0, 10\).*min -1, max 4"):
+        v.upsert(np.array([4, -1]), np.ones((2, 2)))
+    with pytest.raises(ValueError, match="keys must be in"):
+        v.lookup(np.array([10]))
+    assert v.size() == 0
+    opt = ne.optimizers.SGD(1.0)
+    ne.optimizers.apply_gradients(v, opt, np.array([1, 2, 2, 3]), np.ones((4, 2)), step=1)
+    with pytest.raises(ValueError, match="would put 4 keys in it, over its capacity of 3"):
+        ne.optimizers.apply_gradients(v, opt, np.array([1, 4]), np.ones((2, 2)), step=2)
+    assert v.size() == 3 and np.array_equal(v.lookup(np.array([1]))[0], [-1.0, -1.0])
+    ne.optimizers.apply_gradients(v, opt, np.array([3, 3]), np.ones((2, 2)), step=2)
+    assert np.array_equal(v.lookup(np.array([3]))[0], [-3.0, -3.0])

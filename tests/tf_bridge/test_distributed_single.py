@@ -85,3 +85,19 @@ def test_collective_calls_wait_on_each_other_in_program_order():
         assert ops["second"] in ops["third"].control_inputs
         assert not ops["first"].control_inputs
     assert not ops["plain"].control_inputs          # the TF1 graph: only collectives chained
+
+
+def test_all2all_limits_in_one_process():
+    layer = de.sok.All2AllDenseEmbedding(2, 3, dynamic_input=True, use_hashtable=False,
+                                         name="single_sok")
+    assert layer.params.key_range == (0, 2) and layer.params.max_keys == 2
+    with pytest.raises(ValueError, match=r"keys must be in \[0, 2\)"):
+        layer(tf.constant([0, 2], tf.int64))
+    bounded = de.sok.All2AllDenseEmbedding(2, 3, dynamic_input=True, name="single_sok_cap")
+    opt = de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(bounded(tf.constant([7, 8, 9], tf.int64), training=True))
+    grads = tape.gradient(loss, bounded.trainable_weights)
+    with pytest.raises(ValueError, match="over its capacity of 2 keys"):
+        opt.apply_gradients(zip(grads, bounded.trainable_weights))
+    assert int(bounded.params.size()) == 0

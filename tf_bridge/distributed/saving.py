@@ -157,9 +157,7 @@ def _adopt(var, loaded):
         raise ValueError(f"the checkpoint of table {var.name!r} has dim {loaded.dim} and dtypes "
                          f"{loaded.key_dtype}/{loaded.value_dtype}; the table has {old.dim} and "
                          f"{old.key_dtype}/{old.value_dtype}")
-    for attr in ("key_range", "capacity"):
-        if getattr(var, attr) is not None and var.distributed:
-            setattr(loaded, attr, getattr(var, attr))
+    loaded.key_range, loaded.max_keys = old.key_range, old.max_keys
     var.table = loaded
 
 
