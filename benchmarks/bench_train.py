@@ -28,6 +28,7 @@ training step and the run's conditions (load average, threads, versions).
     python benchmarks/bench_train.py                 # the issue's job (about 30 s to 3 minutes with the load)
     python benchmarks/bench_train.py --quick         # smoke run
     python benchmarks/bench_train.py --steps 200 --repeats 3
+    python benchmarks/bench_train.py --ranks 1,2,4   # distributed: mpiexec -n R (bench_train_mpi.py)
 
 Allocator.  TensorFlow's default CPU allocator hands large tensors back to
 the OS and maps them again, so every step touches fresh pages: on this 2-core
@@ -108,6 +109,9 @@ def parse_args(argv=None):
     ap.add_argument("--steps-per-execution", type=int, default=1,
                     help="Keras compile(steps_per_execution=...) for every model (the "
                          "issue's job: 1); fewer trips through Keras' Python loop")
+    ap.add_argument("--ranks", default="",
+                    help="distributed training instead: one mpiexec -n R run per R in this "
+                         "comma list (e.g. 1,2,4); see bench_train_mpi.py")
     ap.add_argument("--quick", action="store_true", help="smoke run: few steps")
     args = ap.parse_args(argv)
     if args.quick:
@@ -458,6 +462,9 @@ def conditions(args, load_before, load_after):
 def main(argv=None):
     args = parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if args.ranks:
+        import bench_train_mpi
+        return bench_train_mpi.run_all(args)
     if args.bfc:
         os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
     import tensorflow as tf

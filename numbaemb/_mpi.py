@@ -75,8 +75,10 @@ class Comm:
         self.tables = 0                 # distributed tables created on it (creation order)
         # plan: unique, owners, bucketing; order: rows into batch order, gradients or values
         # into send order (memory passes over the batch's rows); wait: load imbalance
-        # (only with sync); exchange: MPI calls; local: the owner's table op
-        self.times = {"plan": 0.0, "order": 0.0, "wait": 0.0, "exchange": 0.0, "local": 0.0}
+        # (only with sync); exchange: the tables' MPI calls; local: the owner's table op;
+        # dense: the dense collectives (gradient allreduce, broadcasts), headers included
+        self.times = {"plan": 0.0, "order": 0.0, "wait": 0.0, "exchange": 0.0, "local": 0.0,
+                      "dense": 0.0}
         self.sync = False       # benchmarks: a Barrier before each call, timed as "wait"
         self.bytes_sent = 0
         self.record = None      # a list: every alltoallv appends its (send, recv) byte counts
@@ -114,7 +116,7 @@ class Comm:
         return t
 
     # ---- the header ---------------------------------------------------------------
-    def start(self, op, tag, arg, counts, error, what):
+    def start(self, op, tag, arg, counts, error, what, phase="exchange"):
         """Open a collective op: exchange headers, check every rank's, return the
         number of items each rank will send this one (int64, (R,)).
 
@@ -134,7 +136,7 @@ class Comm:
         mismatch = bool((got[:, 1:4] != got[0, 1:4]).any())
         if mismatch or got[:, 4].any():
             self._fail(mismatch, got, error, what)
-        self.add_time("exchange", t0)
+        self.add_time(phase, t0)
         return got[:, 0].copy()
 
     def _fail(self, mismatch, got, error, what):
@@ -193,7 +195,7 @@ class Comm:
     # shapes, raise CollectiveMismatch on every rank instead of mixing buffers or hanging.
     def _dense_start(self, kind, signature, error, what):
         self.start(DENSE_OPS[kind], 0, crc(kind, signature), 0, error,
-                   what if signature is None else f"{what} of {signature}")
+                   what if signature is None else f"{what} of {signature}", phase="dense")
 
     def allreduce_arrays(self, arrays, op="sum", what="allreduce", error=None):
         """Element-wise ``op`` ("sum", "min", "max", "prod") of ``arrays`` (a list of
@@ -221,7 +223,7 @@ class Comm:
                     n = arrays[i].size
                     out[i] = buf[at:at + n].reshape(arrays[i].shape)
                     at += n
-            self.add_time("exchange", t0)
+            self.add_time("dense", t0)
             return out
 
     def allgather_arrays(self, arrays, what="allgather", error=None):
@@ -230,10 +232,10 @@ class Comm:
         sig = None if error else [(a.shape[1:], a.dtype.str) for a in arrays]
         with self.lock:
             self._dense_start("allgather", sig, error, what)
+            t0 = time.perf_counter()
             rows = np.array([a.shape[0] if a.ndim else 1 for a in arrays], np.int64)
             every = np.empty((self.size, rows.shape[0]), np.int64)
             self.comm.Allgather(rows, every)
-            t0 = time.perf_counter()
             out = []
             for i, a in enumerate(arrays):
                 a = np.ascontiguousarray(a.reshape((-1,) + a.shape[1:]))
@@ -243,7 +245,7 @@ class Comm:
                 self.comm.Allgatherv(a, [recv, (counts, _displs(counts))])
                 self.bytes_sent += a.nbytes
                 out.append(recv)
-            self.add_time("exchange", t0)
+            self.add_time("dense", t0)
             return out
 
     def broadcast_arrays(self, arrays, root, what="broadcast", error=None):
@@ -266,7 +268,7 @@ class Comm:
             for a, n in zip(arrays, sizes):
                 out.append(buf[at:at + n].view(a.dtype).reshape(a.shape))
                 at += n
-            self.add_time("exchange", t0)
+            self.add_time("dense", t0)
             return out
 
 

@@ -165,21 +165,28 @@ def _bad(what):
     return ValueError(f"table state is corrupt or does not fit: {what}")
 
 
+def _meta(columns):
+    """The JSON description of a state's columns (a str, bytes or 0-d array) as a dict."""
+    if isinstance(columns, np.ndarray):
+        columns = columns.item() if columns.dtype.kind in "SUO" else columns.tobytes()
+    if isinstance(columns, bytes):
+        columns = columns.decode("utf-8")
+    try:
+        meta = json.loads(columns)
+    except (TypeError, ValueError) as e:
+        raise _bad(f"'columns' is not JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise _bad(f"'columns' is not a {FORMAT} description")
+    return meta
+
+
 def _parse(table, state):
     """Checked ``(keys int64 (n,), values (n, dim), [(name, width, dtype, init, data)])``."""
     if not isinstance(state, dict) or any(k not in state for k in STATE_NAMES):
         raise ValueError(f"state must be a dict with keys {list(STATE_NAMES)}, got "
                          f"{sorted(state) if isinstance(state, dict) else type(state).__name__}")
-    meta = state["columns"]
-    if isinstance(meta, np.ndarray):
-        meta = meta.item() if meta.dtype.kind in "SUO" else meta.tobytes()
-    if isinstance(meta, bytes):
-        meta = meta.decode("utf-8")
-    try:
-        meta = json.loads(meta)
-    except (TypeError, ValueError) as e:
-        raise _bad(f"'columns' is not JSON ({e})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+    meta = _meta(state["columns"])
+    if meta.get("format") != FORMAT:
         raise _bad(f"'columns' is not a {FORMAT} description")
     if meta.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"table state format_version {meta.get('format_version')!r} is not "
@@ -347,8 +354,9 @@ def _restore_owned(variable, state):
     from numbaemb.distributed_checkpoint import _owned
     table = variable.table
     mine = _owned(table, np.asarray(state["keys"]).astype(table.key_dtype))
+    meta = dict(_meta(state["columns"]), size=int(np.count_nonzero(mine)))
     state = dict(state, keys=state["keys"][mine], values=state["values"][mine],
-                 column_bytes=state["column_bytes"][mine])
+                 column_bytes=state["column_bytes"][mine], columns=json.dumps(meta))
     restore_table_state(table.local, state)
 
 
@@ -437,12 +445,17 @@ class KerasTableSaving:
             if not var.checkpoint:
                 continue
             if getattr(var, "distributed", False):
-                raise NotImplementedError(
-                    f"layer {getattr(self, 'name', '?')!r}: table {var.name!r} is split across "
-                    "MPI ranks and a .keras file is written by one process; save training state "
-                    "with tf_bridge.distributed.Checkpoint (every rank) and serving models with "
-                    "de.export_for_serving (every rank; rank 0 writes)")
-            state = table_state(var)
+                from .distributed.saving import gathered_state
+                state = gathered_state(var)
+                if state is None:
+                    raise ValueError(
+                        f"layer {getattr(self, 'name', '?')!r}: table {var.name!r} is split "
+                        "across MPI ranks and model.save would write only this rank's rows; "
+                        "call tf_bridge.distributed.save_model(model, path) on every rank "
+                        "(rank 0 writes the one file)")
+                state = dict(state)
+            else:
+                state = table_state(var)
             state["columns"] = np.frombuffer(state["columns"].encode("utf-8"), np.uint8)
             for name in STATE_NAMES:
                 store[_store_key(attr, name)] = state[name]

@@ -1,9 +1,9 @@
 """Checkpoints and serving of a model trained under mpiexec, across world sizes.
 
 One test, three launches: ``mpiexec -n 2`` trains a model with split tables,
-saves ``hvd.Checkpoint`` and exports a SavedModel; ``mpiexec -n 3`` restores the
-checkpoint (each rank keeps the keys it owns); this process restores it too (every
-key) and serves the SavedModel with TensorFlow alone.  Every copy must give the
+saves ``hvd.Checkpoint`` and ``hvd.save_model`` (.keras) and exports a SavedModel; ``mpiexec -n 3`` restores the
+checkpoint and loads the .keras file (each rank keeps the keys it owns); this process
+does both too (every key) and serves the SavedModel with TensorFlow alone.  Every copy must give the
 same tables, dense weights and predictions.
 """
 import os
@@ -59,6 +59,12 @@ try:
     raise SystemExit("a plain tf.train.Checkpoint saved a split table")
 except ValueError as e:
     assert "tf_bridge.distributed.Checkpoint" in str(e)
+try:
+    model.save(os.path.join(OUT, "plain.keras"))
+    raise SystemExit("a plain model.save saved a split table")
+except ValueError as e:
+    assert "tf_bridge.distributed.save_model" in str(e)
+hvd.save_model(model, os.path.join(OUT, "model.keras"))
 path = hvd.Checkpoint(model=model, optimizer=model.optimizer).save(os.path.join(OUT, "ckpt"))
 de.export_for_serving(model, os.path.join(OUT, "serving"))
 keys, rows = merged(model)
@@ -69,6 +75,7 @@ if R == 0:
 """
 
 RESTORE = COMMON + """
+from tf_bridge.checkpoint import table_state
 want = np.load(os.path.join(OUT, "want.npz"))
 model = build()
 model.optimizer.build(model.trainable_variables)
@@ -81,6 +88,20 @@ assert np.allclose(model.predict(BATCH, verbose=0), want["pred"], atol=1e-6)
 local = np.asarray(model.get_layer("emb").params.export()[0])
 assert (local.view(np.uint64) % np.uint64(N) == R).all() if N > 1 else True
 print(f"rank {R} of {N}: restored {local.size} of {keys.size} keys", flush=True)
+
+# the .keras file of hvd.save_model: the same rows and Adam slots on this rank
+loaded = hvd.load_model(os.path.join(OUT, "model.keras"))     # keras.models.load_model + hvd
+assert np.allclose(loaded.predict(BATCH, verbose=0), want["pred"], atol=1e-6)
+a, b = (table_state(m.get_layer("emb").params) for m in (model, loaded))
+assert a["columns"] == b["columns"] and "Adam" in a["columns"], (a["columns"], b["columns"])
+ia, ib = np.argsort(a["keys"]), np.argsort(b["keys"])
+for name in ("keys", "values", "column_bytes"):
+    assert np.array_equal(a[name][ia], b[name][ib]), name
+assert int(loaded.optimizer.iterations) == int(model.optimizer.iterations) > 0
+loaded.fit(BATCH, np.ones((4, 1)), verbose=0)             # it trains on: optimizer distributed
+model.fit(BATCH, np.ones((4, 1)), verbose=0)
+assert np.allclose(loaded.predict(BATCH, verbose=0), model.predict(BATCH, verbose=0), atol=1e-5)
+print(f"rank {R} of {N}: loaded model.keras", flush=True)
 """
 
 
@@ -100,10 +121,11 @@ def test_train_on_2_restore_on_3_and_on_1_serve_with_tf_only(tmp_path):
     assert "ckpt-1.index" in ckpt and "ckpt-1.tables" in ckpt and "plain-1.index" not in ckpt
     tables = os.listdir(tmp_path / "ckpt-1.tables")
     assert len(tables) == 1 and len(os.listdir(tmp_path / "ckpt-1.tables" / tables[0])) == 3
+    assert "model.keras" in ckpt     # (a refused model.save leaves what Keras opened)
     out = run(mpi + ["3", sys.executable, "-m", "mpi4py"], tmp_path, RESTORE)
-    assert out.count("restored") == 3
+    assert out.count("restored") == 3 and out.count("loaded model.keras") == 3
     out = run([sys.executable], tmp_path, RESTORE)              # one process: every key
-    assert "rank 0 of 1" in out
+    assert "rank 0 of 1" in out and "loaded model.keras" in out
     serve = COMMON + textwrap.dedent("""
     want = np.load(os.path.join(OUT, "want.npz"))
     loaded = tf.saved_model.load(os.path.join(OUT, "serving"))

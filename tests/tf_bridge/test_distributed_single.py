@@ -101,3 +101,30 @@ def test_all2all_limits_in_one_process():
     with pytest.raises(ValueError, match="over its capacity of 2 keys"):
         opt.apply_gradients(zip(grads, bounded.trainable_weights))
     assert int(bounded.params.size()) == 0
+
+
+def test_save_model_and_load_model_in_one_process(tmp_path):
+    """hvd.save_model / hvd.load_model with a world of one; the saved optimizer is the
+    plain one (keras.models.load_model needs nothing of tf_bridge.distributed)."""
+    ids = keras.Input((2,), dtype="int64")
+    emb = de.keras.layers.Embedding(3, name="single_save_emb", combiner="sum", distributed=True,
+                                    initializer=keras.initializers.RandomNormal(0, 0.1, seed=3))
+    model = keras.Model(ids, keras.layers.Dense(1)(emb(ids)))
+    opt = hvd.DistributedOptimizer(de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.05)))
+    assert type(opt) is de.DynamicEmbeddingOptimizer
+    model.compile(opt, loss="mse")
+    x = np.array([[1, 2], [np.iinfo(np.int64).min, np.iinfo(np.int64).max]], np.int64)
+    model.fit(x, np.ones((2, 1)), verbose=0)
+    path = str(tmp_path / "m.keras")
+    hvd.save_model(model, path)
+    plain = keras.models.load_model(path)
+    assert type(plain.optimizer) is de.DynamicEmbeddingOptimizer
+    assert not hasattr(plain.optimizer, "_hvd_settings")
+    loaded = hvd.load_model(path)
+    assert loaded.optimizer._hvd_settings["op"] == hvd.Average
+    assert int(loaded.optimizer.iterations) == 1
+    for m in (model, loaded):
+        m.fit(x, np.zeros((2, 1)), verbose=0)
+    assert np.allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6)
+    with pytest.raises(ValueError, match="suffix|extension|.keras"):
+        hvd.save_model(model, str(tmp_path / "m.h6"))

@@ -43,7 +43,6 @@ trained on the whole batch would.
 """
 import os
 import threading
-import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -473,9 +472,6 @@ class DistributedGradientTape(tf.GradientTape):
         return tf.nest.pack_sequence_as(grads, reduced)
 
 
-_DIST_CLASSES = weakref.WeakValueDictionary()
-
-
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",  # noqa: N802
                          compression=Compression.none, sparse_as_dense=False,
                          gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
@@ -484,44 +480,64 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     """A copy of Keras optimizer ``optimizer`` (from its config, as Horovod does) whose
     ``apply`` / ``apply_gradients`` first reduce the gradients over the ranks
     (:func:`reduce_gradients`).  For ``model.compile(hvd.DistributedOptimizer(opt))``;
-    wrap a ``de.DynamicEmbeddingOptimizer`` when the model has dynamic tables."""
+    wrap a ``de.DynamicEmbeddingOptimizer`` when the model has dynamic tables.
+
+    The copy is of the same class (the reduction is set on the instance), so a saved
+    model names the plain optimizer: ``keras.models.load_model`` gives it back for
+    serving or one process, :func:`load_model` gives it back distributed."""
     import keras
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"optimizer must be a Keras optimizer, got {type(optimizer).__name__}")
     if backward_passes_per_step != 1:
         raise NotImplementedError("backward_passes_per_step must be 1")
     _check_process_set(process_set)
-    settings = dict(op=_check_op(op), compression=compression, sparse_as_dense=sparse_as_dense,
-                    gradient_predivide_factor=gradient_predivide_factor)
-    base = type(optimizer)
-    cls = _DIST_CLASSES.get(base)
-    if cls is None:
-        def apply(self, grads, trainable_variables=None):
-            if trainable_variables is None:
-                return base.apply(self, grads, trainable_variables)
-            variables = list(trainable_variables)
-            grads = reduce_gradients(list(grads), variables, **self._hvd_settings)
-            return base.apply(self, grads, variables)
-
-        def apply_gradients(self, grads_and_vars):
-            grads_and_vars = list(grads_and_vars)
-            grads = [g for g, _ in grads_and_vars]
-            self.apply(grads, [v for _, v in grads_and_vars])
-            return self.iterations
-
-        cls = type(base.__name__, (base,), {"apply": apply, "apply_gradients": apply_gradients,
-                                           "__module__": base.__module__,
-                                           "_hvd_base": base})
-        _DIST_CLASSES[base] = cls
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
-    dist = cls.from_config(config)
-    dist._hvd_settings = settings
-    return dist
+    return _distribute(type(optimizer).from_config(config), op=_check_op(op),
+                       compression=compression, sparse_as_dense=sparse_as_dense,
+                       gradient_predivide_factor=gradient_predivide_factor)
+
+
+def _distribute(opt, **settings):
+    """Make ``opt``'s ``apply`` / ``apply_gradients`` reduce the gradients first."""
+    cls = type(opt)
+
+    def apply(grads, trainable_variables=None):
+        if trainable_variables is None:
+            return cls.apply(opt, grads, trainable_variables)
+        variables = list(trainable_variables)
+        return cls.apply(opt, reduce_gradients(list(grads), variables, **settings), variables)
+
+    def apply_gradients(grads_and_vars):
+        grads_and_vars = list(grads_and_vars)
+        apply([g for g, _ in grads_and_vars], [v for _, v in grads_and_vars])
+        return opt.iterations
+
+    object.__setattr__(opt, "apply", apply)
+    object.__setattr__(opt, "apply_gradients", apply_gradients)
+    object.__setattr__(opt, "_hvd_settings", settings)
+    return opt
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none,
+               **kwargs):
+    """``keras.models.load_model(filepath)`` with the model's optimizer, and its restored
+    state, made distributed (as :func:`DistributedOptimizer` does), Horovod's
+    ``hvd.load_model``.  Call it on every rank; split tables keep the keys each rank
+    owns.  ``custom_optimizers``: extra optimizer classes to know by name."""
+    import keras
+    objects = dict(custom_objects or {})
+    objects.update({c.__name__: c for c in custom_optimizers or ()})
+    model = keras.models.load_model(filepath, custom_objects=objects or None, **kwargs)
+    opt = getattr(model, "optimizer", None)
+    if isinstance(opt, keras.optimizers.Optimizer) and not hasattr(opt, "_hvd_settings"):
+        _distribute(opt, op=Average, compression=compression, sparse_as_dense=False,
+                    gradient_predivide_factor=1.0)
+    return model
 
 
 from . import callbacks  # noqa: E402
-from .saving import Checkpoint  # noqa: E402
+from .saving import Checkpoint, save_model  # noqa: E402
 
-__all__ += ["Checkpoint"]
+__all__ += ["Checkpoint", "save_model", "load_model"]

@@ -22,10 +22,19 @@ keys it owns) or into one process (every key), then the bundle.  A plain
 ``tf.train.Checkpoint`` of a table split across ranks raises ValueError pointing
 here, rather than saving one rank's rows as if they were the table.
 
+``save_model(model, "m.keras")`` is ``model.save`` for those models (TFRA's
+``de_hvd_save_model``): call it on every rank; each split table's rows and optimizer
+slots are gathered to rank 0, which writes the one ``.keras`` file.
+``keras.models.load_model`` reads it back on every rank of any world size (each
+rank keeps the keys it owns) or in one process.  The whole table passes through
+rank 0's memory, as it must for one file; ``Checkpoint`` is the path for tables
+larger than one machine.  A plain ``model.save`` of a split table raises.
+
 ``export_for_serving`` of a model with split tables is collective: every rank
 sends its rows to rank 0, which writes the one SavedModel (see
 :func:`tf_bridge.export_for_serving`).
 """
+import json
 import os
 import threading
 
@@ -37,9 +46,11 @@ from numbaemb import distributed_checkpoint
 
 from ..variable import Variable
 
-__all__ = ["Checkpoint", "tables_of", "gather_table", "side_files"]
+__all__ = ["Checkpoint", "save_model", "tables_of", "gather_table", "side_files",
+           "gathered_state"]
 
 _SIDE = threading.local()       # set while Checkpoint writes: tables go to side files
+_GATHERED = threading.local()   # while save_model writes on rank 0: {id(table): state}
 
 
 def side_files():
@@ -93,22 +104,13 @@ class Checkpoint(tf.train.Checkpoint):
 
     def _bundle(self, write):
         """Rank 0 writes the TF bundle (tables left out); every rank gets its path."""
-        from . import broadcast_object, rank
-        error, path = None, None
-        if rank() == 0:
+        def bundle():
             _SIDE.on = True
             try:
-                path = write()
-            except Exception as e:      # noqa: BLE001  every rank must learn of it
-                error = e
+                return write()
             finally:
                 _SIDE.on = False
-        status = broadcast_object(None if error is None else f"{type(error).__name__}: {error}")
-        if error is not None:
-            raise error
-        if status is not None:
-            raise OSError(f"rank 0 failed to write the checkpoint: {status}")
-        return broadcast_object(path)
+        return _on_rank0(bundle, "the checkpoint")
 
     def write(self, file_prefix, options=None):
         """Write ``file_prefix`` (every rank)."""
@@ -147,6 +149,78 @@ class Checkpoint(tf.train.Checkpoint):
     def restore(self, save_path, options=None):
         self._load_tables(os.fspath(save_path))
         return super().restore(save_path, options=options)
+
+
+def _on_rank0(write, what):
+    """Run ``write()`` on rank 0 alone; every rank returns its result or raises its error
+    (other ranks: ``OSError`` naming it)."""
+    from . import broadcast_object, rank
+    error, out = None, None
+    if rank() == 0:
+        try:
+            out = write()
+        except Exception as e:      # noqa: BLE001  every rank must learn of it
+            error = e
+    status = broadcast_object(None if error is None else f"{type(error).__name__}: {error}")
+    if error is not None:
+        raise error
+    if status is not None:
+        raise OSError(f"rank 0 failed to write {what}: {status}")
+    return broadcast_object(out)
+
+
+def save_model(model, filepath, **kwargs):
+    """``model.save(filepath, **kwargs)`` for a model with tables split across the ranks:
+    call it on every rank.  Each split table's rows and optimizer slots are gathered to
+    rank 0 (collective, in the model's object order), which writes the one ``.keras``
+    file; the other ranks wait for it and raise if it failed.
+
+    Args:
+      model: a Keras model; filepath: a ``.keras`` path every rank may name (only
+      rank 0 writes); kwargs: passed to ``model.save``.
+
+    >>> hvd.save_model(model, "/shared/run/model.keras")     # every rank
+    >>> model = keras.models.load_model("/shared/run/model.keras")   # any world size
+    """
+    states = {}
+    for var in tables_of(model):
+        if var.distributed and var.checkpoint:
+            states[id(var)] = gathered_table_state(var)
+
+    def write():
+        _GATHERED.states = states
+        try:
+            model.save(filepath, **kwargs)
+        finally:
+            _GATHERED.states = None
+    _on_rank0(write, f"model file {os.fspath(filepath)!r}")
+
+
+def gathered_state(var):
+    """The gathered state of split table ``var`` while :func:`save_model` writes (rank 0),
+    else None."""
+    states = getattr(_GATHERED, "states", None)
+    return None if states is None else states.get(id(var))
+
+
+def gathered_table_state(var):
+    """Collective: on rank 0 the ``table_state`` (keys, rows and optimizer slots of every
+    key) of split table ``var``; None on other ranks."""
+    from ..checkpoint import table_state
+    every = _comm().gather(table_state(var.table.local))
+    if every is None:
+        return None
+    metas = [json.loads(s["columns"]) for s in every]
+    filled = [m for m in metas if m["size"]] or metas[:1]
+    layout = {(json.dumps(m["columns"], sort_keys=True), m["row_bytes"]) for m in filled}
+    if len(layout) > 1:
+        raise RuntimeError(f"table {var.name!r}: the ranks' parts have different optimizer "
+                           "slot columns; cannot merge them into one file")
+    meta = dict(filled[0], size=int(sum(m["size"] for m in metas)))
+    return {"keys": np.concatenate([s["keys"] for s in every]),
+            "values": np.concatenate([s["values"] for s in every]),
+            "columns": json.dumps(meta),
+            "column_bytes": np.concatenate([s["column_bytes"] for s in every])}
 
 
 def _adopt(var, loaded):
