@@ -21,6 +21,7 @@ from .lookup import (embedding_lookup, embedding_lookup_sparse, embedding_lookup
 from .mode import (ModelMode, enable_inference_mode, enable_train_mode, get_model_mode,
                    is_training)
 from .variable import Variable, get_variable, owner_of
+from . import tf_nn  # noqa: E402,F401  (tf.nn's lookups accept our variables)
 
 __all__ = ["Variable", "get_variable", "embedding_lookup", "embedding_lookup_unique",
            "embedding_lookup_sparse", "safe_embedding_lookup_sparse", "ModelMode",

@@ -57,8 +57,43 @@ def _pool(params):
 
 
 def _check_params(params):
+    """``params``: one ``tf_bridge.Variable`` or a non-empty list / tuple of them (the
+    same dim and dtypes), as ``tf.nn``'s ``params``."""
+    if isinstance(params, (list, tuple)):
+        if not params:
+            raise ValueError("params must be a tf_bridge.Variable or a non-empty list of them, "
+                             "got an empty list")
+        for i, p in enumerate(params):
+            if not isinstance(p, Variable):
+                raise TypeError(f"params[{i}] must be a tf_bridge.Variable, got "
+                                f"{type(p).__name__}")
+        kinds = {(p.dim, p.key_dtype, p.value_dtype) for p in params}
+        if len(kinds) > 1:
+            raise ValueError(f"params: the variables of a list must have one dim, key dtype "
+                             f"and value dtype, got {sorted(map(str, kinds))}")
+        return
     if not isinstance(params, Variable):
-        raise TypeError(f"params must be a tf_bridge.Variable, got {type(params).__name__}")
+        raise TypeError(f"params must be a tf_bridge.Variable (or a list of them), got "
+                        f"{type(params).__name__}")
+
+
+def _single(params):
+    """A one-element list of variables is its variable (as in ``tf.nn``)."""
+    return params[0] if isinstance(params, (list, tuple)) and len(params) == 1 else params
+
+
+def _split_lookup(params, ids, max_norm):
+    """Rows of ``ids`` from a list of N variables: id ``k`` lives in ``params[k mod N]``
+    (floor mod, so negative ids too), under its own key (ids are keys, not row numbers,
+    so TF's ``partition_strategy`` has no meaning here).  Differentiable per variable."""
+    n = len(params)
+    flat = tf.reshape(ids, [-1])
+    part = tf.cast(tf.math.floormod(flat, tf.cast(n, flat.dtype)), tf.int32)
+    pieces = tf.dynamic_partition(flat, part, n)
+    positions = tf.dynamic_partition(tf.range(tf.size(flat)), part, n)
+    rows = [embedding_lookup(p, piece, max_norm=max_norm) for p, piece in zip(params, pieces)]
+    out = tf.dynamic_stitch(positions, rows)
+    return tf.reshape(out, tf.concat([tf.shape(ids, out_type=tf.int32), [params[0].dim]], 0))
 
 
 def embedding_lookup(params, ids, partition_strategy=None, name=None, validate_indices=None,
@@ -69,9 +104,19 @@ def embedding_lookup(params, ids, partition_strategy=None, name=None, validate_i
     row's L2 norm (as ``tf.nn.embedding_lookup``).  ``partition_strategy`` and
     ``validate_indices`` are ignored.  With ``return_trainable`` returns
     ``(embeddings, params)``: ``params`` is what to differentiate and apply.
+
+    ``params`` may be a list of variables, as ``tf.nn.embedding_lookup``'s: one
+    variable's list is that variable; with N variables id ``k`` lives in
+    ``params[k mod N]`` under its own key (ids are keys, not row numbers).
     """
     _check_params(params)
+    params = _single(params)
     ids = as_ids(ids, "ids")
+    if isinstance(params, (list, tuple)):
+        with tf.name_scope(name or "embedding_lookup"):
+            emb = _split_lookup(params, ids, max_norm)
+            emb.set_shape(ids.shape.concatenate([params[0].dim]))
+        return (emb, params) if return_trainable else emb
     with tf.name_scope(name or "embedding_lookup"):
         if mode.is_training() and params.trainable:
             emb = _differentiable_lookup(params, ids)
@@ -318,6 +363,10 @@ def embedding_lookup_unique(params, ids, partition_strategy=None, name=None,
                             validate_indices=None, max_norm=None, return_trainable=False):
     """``embedding_lookup`` that looks each distinct id up once (:func:`unique_lookup`)."""
     _check_params(params)
+    params = _single(params)
+    if isinstance(params, (list, tuple)):
+        return embedding_lookup(params, ids, name=name or "embedding_lookup_unique",
+                                max_norm=max_norm, return_trainable=return_trainable)
     ids = as_ids(ids, "ids")
     with tf.name_scope(name or "embedding_lookup_unique"):
         train = mode.is_training() and params.trainable

@@ -1,22 +1,41 @@
-"""SOK's layer names over numbaemb tables (``de.sok``).
+"""SOK's names over numbaemb tables (``from tf_bridge import sok``, or ``de.sok``).
 
 ``All2AllDenseEmbedding`` places each id's row on rank ``id mod size`` (the
 ranks of :mod:`tf_bridge.distributed`) and moves ids and rows all-to-all, as
 SOK's layer does between GPUs; with one process it is a local table.
+
+``DynamicVariable``, ``export``, ``assign``, ``OptimizerWrapper``, ``lookup_sparse``
+and ``init`` are SOK's dynamic-variable API (``import sparse_operation_kit as sok``
+becomes ``from tf_bridge import sok``); ``tf.nn.embedding_lookup(v, ids)`` works on a
+``DynamicVariable`` (see :mod:`tf_bridge.tf_nn`)::
+
+    v = sok.DynamicVariable(dimension=3, initializer="13")
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(v, ids))   # inserts absent ids
+    opt = sok.OptimizerWrapper(tf.keras.optimizers.SGD(1.0))
+    opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))     # rows of ids: 12
 
 >>> import tensorflow as tf, tf_bridge as de
 >>> layer = de.sok.All2AllDenseEmbedding(100, 4, slot_num=2, nnz_per_slot=3)
 >>> layer(tf.zeros([5, 2, 3], tf.int64)).shape
 TensorShape([5, 2, 3, 4])
 """
+import itertools
+
 import keras
 import numpy as np
 import tensorflow as tf
 
+from numbaemb import initializers as ne_init
+
 from . import distributed as hvd
 from .keras_layers import Embedding
+from .lookup import embedding_lookup_sparse
+from .optimizer import DynamicEmbeddingOptimizer
+from .variable import Variable
 
-__all__ = ["All2AllDenseEmbedding"]
+__all__ = ["All2AllDenseEmbedding", "DynamicVariable", "export", "assign", "OptimizerWrapper",
+           "lookup_sparse", "init"]
 
 _STRING_INITIALIZERS = {
     "random_uniform": lambda: keras.initializers.RandomUniform(-0.05, 0.05),
@@ -123,3 +142,155 @@ class All2AllDenseEmbedding(Embedding):
         if isinstance(init, dict):
             config["embedding_initializer"] = keras.initializers.deserialize(init)
         return cls(**config)
+
+
+# ---- SOK's dynamic variable API --------------------------------------------------------------
+_NAMES = itertools.count()
+
+
+def _variable_initializer(init):
+    """SOK's forms: ``"random"`` (uniform in [-0.05, 0.05], per key), a float or the string
+    of one (a constant), or a Keras / TF initializer."""
+    if init is None or (isinstance(init, str) and init == "random"):
+        return ne_init.RandomUniform(-0.05, 0.05)
+    if isinstance(init, str):
+        try:
+            return float(init)
+        except ValueError:
+            raise ValueError(f"initializer must be 'random', the string of a float, or an "
+                             f"initializer, got {init!r}") from None
+    return init
+
+
+class DynamicVariable(Variable):
+    """SOK's ``sok.DynamicVariable``: a dynamic table ``key -> row of dimension values``.
+
+    Args:
+      dimension: row width.  initializer: ``"random"`` (default: uniform in
+        [-0.05, 0.05], a function of the key), a float or its string (``"13"``), or a
+        Keras / TF initializer.
+      var_type: ``"hbm"`` (default) or ``"hybrid"``; both keep the table in host memory
+        (tf_bridge tables are host tables; numbaemb's GPU tables are not wired to TF yet).
+      key_type: ``tf.int64`` (default) or ``tf.int32``; dtype: ``tf.float32`` (default)
+        or ``tf.float64``.  init_capacity: keys to make room for up front.
+      max_capacity: 0 (unbounded) or the most keys the table (distributed: each rank)
+        may hold: an optimizer step or lookup that would insert past it raises
+        ``ValueError`` (no eviction).  name: default ``sok_dynamic_variable_<n>``.
+      mode: None or ``"distributed"``: under mpiexec (after ``sok.init()``) the keys are
+        split across the ranks (``id mod size``), as SOK's; with one process a local
+        table.
+
+    As in SOK, a training-mode lookup (``tf.nn.embedding_lookup(v, ids)`` under a
+    tape, in ``de.ModelMode.TRAIN``) inserts the absent ids with their initial rows.
+    ``shape`` is ``TensorShape([None, dimension])``; ``size`` (a property, as SOK's) the
+    number of keys as an int64 scalar tensor.
+
+    >>> v = DynamicVariable(dimension=3, initializer="13")
+    >>> v.shape, int(v.size)
+    (TensorShape([None, 3]), 0)
+    """
+
+    def __init__(self, dimension, initializer=None, var_type=None, name=None, constraint=None,
+                 trainable=True, key_type=None, dtype=None, mode=None, init_capacity=0,
+                 max_capacity=0, **kwargs):
+        var_type = "hbm" if var_type is None else var_type
+        if var_type not in ("hbm", "hybrid"):
+            raise ValueError(f"var_type must be 'hbm' or 'hybrid', got {var_type!r}")
+        if constraint is not None:
+            raise NotImplementedError("constraint is not supported on a DynamicVariable")
+        if mode not in (None, "distributed"):
+            raise NotImplementedError(f"mode must be None or 'distributed', got {mode!r} "
+                                      "(localized tables are not supported)")
+        if isinstance(init_capacity, bool) or not isinstance(init_capacity, (int, np.integer)) \
+                or init_capacity < 0:
+            raise ValueError(f"init_capacity must be an int >= 0, got {init_capacity!r}")
+        self.var_type = var_type
+        super().__init__(key_dtype=tf.int64 if key_type is None else key_type,
+                         value_dtype=tf.float32 if dtype is None else dtype,
+                         dim=_positive(dimension, "dimension"),
+                         name=name or f"sok_dynamic_variable_{next(_NAMES)}",
+                         initializer=_variable_initializer(initializer), trainable=trainable,
+                         init_size=int(init_capacity), distributed=hvd.size() > 1, **kwargs)
+        if max_capacity:
+            if self.distributed:
+                raise NotImplementedError(
+                    "max_capacity on a DynamicVariable split across ranks is not supported "
+                    "yet (All2AllDenseEmbedding's max_vocabulary_size_per_gpu is)")
+            self.max_keys = _positive(max_capacity, "max_capacity")
+
+    shape = property(lambda self: tf.TensorShape([None, self.dim]))
+    dimension = property(lambda self: self.dim)
+    key_type = property(lambda self: self.key_dtype)
+
+    @property
+    def size(self):
+        """Number of keys (int64 scalar tensor; distributed: on every rank, collective)."""
+        return Variable.size(self)
+
+    def _np_lookup(self, keys, return_exists, record):
+        """Training lookups (``record``) insert the absent keys with their initial rows."""
+        if not record:
+            return super()._np_lookup(keys, return_exists, record)
+        if self.max_keys is not None:
+            after = self.table.size() + self.table._count_new(keys)
+            if after > self.max_keys:
+                raise ValueError(f"sok.DynamicVariable {self.name!r}: this lookup would insert "
+                                 f"ids up to {after} keys, over its max_capacity of "
+                                 f"{self.max_keys} (nothing was inserted)")
+        if self._pending is None:                  # rows are a function of the key
+            rows = self.table.find_or_insert(keys)
+        else:                                      # a callable initializer: draw, then keep
+            rows = super()._np_lookup(keys, False, True)[0]
+            self.insert_initial_values(keys)
+        rows = rows.reshape(tuple(keys.shape) + (self.dim,))
+        return (rows, np.ones(keys.shape, np.bool_)) if return_exists else (rows,)
+
+
+def export(var):
+    """``(indices, values)`` tensors of every key of ``var`` (distributed: this rank's)."""
+    if not isinstance(var, Variable):
+        raise TypeError(f"var must be a sok.DynamicVariable, got {type(var).__name__}")
+    return var.export()
+
+
+def assign(var, indices, values):
+    """Write ``values`` (n, dimension) for ``indices`` (n,) into ``var``; returns ``var``."""
+    if not isinstance(var, Variable):
+        raise TypeError(f"var must be a sok.DynamicVariable, got {type(var).__name__}")
+    var.upsert(indices, values)
+    return var
+
+
+def OptimizerWrapper(optimizer):  # noqa: N802  (SOK's name)
+    """SOK's wrapper: a Keras optimizer that also updates dynamic variables (it is
+    ``de.DynamicEmbeddingOptimizer``)."""
+    return DynamicEmbeddingOptimizer(optimizer)
+
+
+def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None):
+    """SOK's ``lookup_sparse``: for each variable of ``params`` its ``sp_ids``
+    (``tf.SparseTensor`` / ``tf.RaggedTensor`` ``[batch, None]``) combined per row by
+    ``combiners`` ("sum", "mean"; default "sum"), ``[batch, dimension]`` each.  A single
+    variable (not a list) gives a single tensor."""
+    single = not isinstance(params, (list, tuple))
+    params, sp_ids = ([params], [sp_ids]) if single else (list(params), list(sp_ids))
+    if len(sp_ids) != len(params):
+        raise ValueError(f"sp_ids must have one entry per variable ({len(params)}), got "
+                         f"{len(sp_ids)}")
+    weights = [None] * len(params) if sp_weights is None else (
+        [sp_weights] if single else list(sp_weights))
+    combiners = ["sum"] * len(params) if combiners is None else (
+        [combiners] if isinstance(combiners, str) else list(combiners))
+    if len(weights) != len(params) or len(combiners) != len(params):
+        raise ValueError("sp_weights and combiners must have one entry per variable")
+    out = [embedding_lookup_sparse(p, i, w, combiner=c)
+           for p, i, w, c in zip(params, sp_ids, weights, combiners)]
+    return out[0] if single else out
+
+
+def init(comm_tool="horovod", use_legacy_optimizer=None, **kwargs):
+    """SOK's ``sok.init``: MPI (:func:`tf_bridge.distributed.init`) when launched under
+    mpiexec, else a world of one.  ``comm_tool`` must be "horovod" or "mpi"."""
+    if comm_tool not in ("horovod", "mpi"):
+        raise ValueError(f"comm_tool must be 'horovod' or 'mpi', got {comm_tool!r}")
+    hvd.init()

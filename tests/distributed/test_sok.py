@@ -94,3 +94,26 @@ def test_training_matches_one_process():
                     np.asarray(ref.params.export()[1])))
     agree(got.keys() == want.keys(), "keys differ")
     agree(all(np.allclose(got[k], want[k], atol=1e-5) for k in want), "rows differ")
+
+
+def test_dynamic_variable_is_split_and_training_lookups_insert_on_owners():
+    """sok.DynamicVariable under mpiexec (after sok.init): rows on rank id mod size; a
+    training lookup inserts every rank's ids on their owners; one SGD(1) step takes
+    each row down by the number of times the ranks looked it up (Sum)."""
+    de.sok.init()
+    v = de.sok.DynamicVariable(dimension=2, initializer="13", name="sok_dyn_split")
+    agree(v.distributed)
+    ids = tf.constant([RANK, 100, np.iinfo(np.int64).max, -1 - RANK], tf.int64)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(v, ids))
+    every = sorted({int(k) for r in range(WORLD)
+                    for k in (r, 100, np.iinfo(np.int64).max, -1 - r)})
+    agree(int(v.size) == len(every), f"size {int(v.size)}, want {len(every)}")
+    tape = hvd.DistributedGradientTape(tape, op=hvd.Sum)
+    grads = tape.gradient(loss, [v])
+    de.sok.OptimizerWrapper(keras.optimizers.SGD(1.0)).apply_gradients(zip(grads, [v]))
+    keys, rows = (np.asarray(a) for a in de.sok.export(v))
+    agree((keys.view(np.uint64) % np.uint64(WORLD) == RANK).all(), f"rank {RANK}: {keys}")
+    got = {k: r[0] for ks, rs in COMM.allgather((keys, rows)) for k, r in zip(ks.tolist(), rs)}
+    want = {k: 13.0 - (WORLD if k in (100, np.iinfo(np.int64).max) else 1) for k in every}
+    agree(got == want, f"{got} != {want}")

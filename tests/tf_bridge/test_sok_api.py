@@ -1,0 +1,142 @@
+"""SOK's dynamic-variable API (``from tf_bridge import sok``): the seed's two examples
+print what SOK prints; initializer forms, export / assign, lookup_sparse, capacity."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_bridge as de
+from tf_bridge import sok
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+IDS = tf.constant([0, 1, 2**40], tf.int64)
+
+# seed 001's examples; `import sparse_operation_kit as sok` replaced, Horovod lines removed
+EXAMPLE_1 = """
+import numpy as np
+import tensorflow as tf
+from tf_bridge import sok
+v = sok.DynamicVariable(dimension=3, initializer="13")
+print("v.shape:", v.shape)
+print("v.size:", v.size)
+indices = tf.convert_to_tensor([0, 1, 2**40], dtype=tf.int64)
+embedding = tf.nn.embedding_lookup(v, indices)
+print("embedding:", embedding)
+print("v.shape:", v.shape)
+print("v.size:", v.size)
+"""
+EXAMPLE_2 = """
+import numpy as np
+import tensorflow as tf
+from tf_bridge import sok
+v = sok.DynamicVariable(dimension=3, var_type="hbm", initializer="13")
+indices = tf.convert_to_tensor([0, 1, 2**40], dtype=tf.int64)
+with tf.GradientTape() as tape:
+    embedding = tf.nn.embedding_lookup(v, indices)
+    print("embedding:", embedding)
+    loss = tf.reduce_sum(embedding)
+grads = tape.gradient(loss, [v])
+optimizer = tf.keras.optimizers.SGD(learning_rate=1.0)
+optimizer = sok.OptimizerWrapper(optimizer)
+optimizer.apply_gradients(zip(grads, [v]))
+embedding = tf.nn.embedding_lookup(v, indices)
+print("embedding:", embedding)
+"""
+
+
+def run_example(code):
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_seed_examples_print_what_sok_prints():
+    out = run_example(EXAMPLE_1)
+    assert out.count("v.shape: (None, 3)") == 2
+    assert "v.size: tf.Tensor(0," in out and "v.size: tf.Tensor(3," in out   # lookup inserted
+    assert out.count("13.") == 9
+    out = run_example(EXAMPLE_2).split("embedding:")
+    assert out[1].count("13.") == 9 and out[2].count("12.") == 9
+
+
+def test_properties_and_initializer_forms():
+    v = sok.DynamicVariable(dimension=4, name="sok_props", key_type=tf.int32, dtype=tf.float64)
+    assert v.shape == tf.TensorShape([None, 4]) and v.dimension == 4
+    assert v.key_type == tf.int32 and v.dtype == tf.float64 and v.var_type == "hbm"
+    rows = v.lookup(tf.constant([1, 2, -3], tf.int32)).numpy()
+    assert np.all(np.abs(rows) <= 0.05) and len(np.unique(rows)) == 12    # "random": per key
+    assert np.array_equal(rows, v.lookup(tf.constant([1, 2, -3], tf.int32)).numpy())
+    assert np.all(sok.DynamicVariable(2, initializer="-2.5").lookup(IDS).numpy() == -2.5)
+    assert np.all(sok.DynamicVariable(2, initializer=0.25).lookup(IDS).numpy() == 0.25)
+    k = sok.DynamicVariable(2, initializer=keras.initializers.RandomNormal(seed=4))
+    assert np.array_equal(k.lookup(IDS), de.Variable(dim=2, name=k.name, initializer=
+                                                     keras.initializers.RandomNormal(seed=4)
+                                                     ).lookup(IDS))
+    with pytest.raises(ValueError, match="initializer"):
+        sok.DynamicVariable(2, initializer="glorot")
+    with pytest.raises(ValueError, match="var_type"):
+        sok.DynamicVariable(2, var_type="dram")
+    with pytest.raises(ValueError, match="dimension"):
+        sok.DynamicVariable(0)
+    with pytest.raises(ValueError, match="init_capacity"):
+        sok.DynamicVariable(2, init_capacity=-1)
+
+
+def test_training_lookups_insert_inference_lookups_do_not():
+    v = sok.DynamicVariable(dimension=2, initializer="1")
+    de.enable_inference_mode()
+    try:
+        tf.nn.embedding_lookup(v, IDS)
+    finally:
+        de.enable_train_mode()
+    assert int(v.size) == 0
+    tf.nn.embedding_lookup(v, tf.constant([5, 5, 6], tf.int64))
+    assert int(v.size) == 2
+    keys, values = sok.export(v)
+    assert sorted(keys.numpy().tolist()) == [5, 6] and np.all(values.numpy() == 1.0)
+
+
+def test_export_assign_and_lookup_sparse():
+    a = sok.DynamicVariable(dimension=2, initializer="0", name="sok_a")
+    b = sok.DynamicVariable(dimension=2, initializer="0", name="sok_b")
+    keys = np.array([np.iinfo(np.int64).min, -1, 0, np.iinfo(np.int64).max], np.int64)
+    vals = np.arange(8, dtype=np.float32).reshape(4, 2)
+    assert sok.assign(a, keys, vals) is a
+    k, v = sok.export(a)
+    order = np.argsort(k.numpy())
+    assert np.array_equal(k.numpy()[order], np.sort(keys))
+    assert np.array_equal(v.numpy()[order], vals[np.argsort(keys)])
+    sok.assign(b, keys, 10 * vals)
+    ids = tf.ragged.constant([[keys[0], keys[1]], [keys[3]]], tf.int64)
+    sa, mb = sok.lookup_sparse([a, b], [ids, ids], combiners=["sum", "mean"])
+    assert np.allclose(sa, [vals[0] + vals[1], vals[3]])
+    assert np.allclose(mb, [10 * (vals[0] + vals[1]) / 2, 10 * vals[3]])
+    assert np.allclose(sok.lookup_sparse(a, ids), sa)                 # default combiner: sum
+    with pytest.raises(ValueError, match="one entry per variable"):
+        sok.lookup_sparse([a, b], [ids])
+    with pytest.raises(TypeError, match="DynamicVariable"):
+        sok.export("a")
+
+
+def test_max_capacity_refuses_a_lookup_that_would_overfill():
+    v = sok.DynamicVariable(dimension=2, initializer="1", max_capacity=3)
+    tf.nn.embedding_lookup(v, tf.constant([1, 2], tf.int64))
+    with pytest.raises(ValueError, match="max_capacity"):
+        tf.nn.embedding_lookup(v, tf.constant([3, 4, 1], tf.int64))
+    assert int(v.size) == 2                                        # nothing was inserted
+    tf.nn.embedding_lookup(v, tf.constant([3, 1], tf.int64))
+    assert int(v.size) == 3
+
+
+def test_init_is_a_world_of_one_without_mpiexec():
+    sok.init()
+    assert de.distributed.size() == 1
+    with pytest.raises(ValueError, match="comm_tool"):
+        sok.init(comm_tool="nccl")
