@@ -31,7 +31,8 @@ from ._memory import aligned_empty, is_aligned  # noqa: E402
 from .sharding import default_partitioner  # noqa: E402
 from .variable import Variable, get_variable  # noqa: E402
 from . import optimizers  # noqa: E402
+from ._checks import DtypeError  # noqa: E402
 
 __all__ = ["Variable", "get_variable", "initializers", "optimizers", "policies",
-           "default_partitioner", "aligned_empty", "is_aligned"]
+           "default_partitioner", "aligned_empty", "is_aligned", "DtypeError"]
 __version__ = "0.1.0"

@@ -2,6 +2,17 @@
 import numpy as np
 
 KEY_DTYPES = (np.dtype(np.int64), np.dtype(np.int32))
+
+
+class DtypeError(TypeError, ValueError):
+    """Keys, values or a dtype argument of the wrong dtype.  Both a ``TypeError`` (what a
+    wrong type is in Python) and a ``ValueError`` (what TFRA raises, and its tests expect),
+    so ``except`` clauses written for either catch it."""
+
+    # Exception's own constructor: TF's autograph then re-raises it as itself when it
+    # rises while a tf.function traces, instead of wrapping it in a StagingError
+    __init__ = Exception.__init__
+
 VALUE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -9,9 +20,9 @@ def key_dtype(dtype) -> np.dtype:
     try:
         dt = np.dtype(dtype)
     except TypeError:
-        raise TypeError(f"key_dtype must be int64 or int32, got {dtype!r}") from None
+        raise DtypeError(f"key_dtype must be int64 or int32, got {dtype!r}") from None
     if dt not in KEY_DTYPES:
-        raise TypeError(f"key_dtype must be int64 or int32, got {dt}")
+        raise DtypeError(f"key_dtype must be int64 or int32, got {dt}")
     return dt
 
 
@@ -19,9 +30,9 @@ def value_dtype(dtype) -> np.dtype:
     try:
         dt = np.dtype(dtype)
     except TypeError:
-        raise TypeError(f"value_dtype must be float32 or float64, got {dtype!r}") from None
+        raise DtypeError(f"value_dtype must be float32 or float64, got {dtype!r}") from None
     if dt not in VALUE_DTYPES:
-        raise TypeError(f"value_dtype must be float32 or float64, got {dt}")
+        raise DtypeError(f"value_dtype must be float32 or float64, got {dt}")
     return dt
 
 
@@ -39,7 +50,7 @@ def as_keys(keys, dtype: np.dtype, name="keys") -> np.ndarray:
         return np.empty(0, dtype)
     arr = np.asarray(keys)
     if arr.dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integers ({dtype} for this table), got dtype {arr.dtype}")
+        raise DtypeError(f"{name} must hold integers ({dtype} for this table), got dtype {arr.dtype}")
     if arr.dtype != dtype:
         if not np.can_cast(arr.dtype, dtype, "safe") and arr.size:
             info = np.iinfo(dtype)
@@ -60,7 +71,7 @@ def as_values(values, key_shape, dim, dtype, name="values") -> np.ndarray:
     """``values`` as a C-contiguous ``(n, dim)`` array of ``dtype``; checks the shape."""
     arr = np.asarray(values)
     if arr.dtype.kind not in "fiu":
-        raise TypeError(f"{name} must hold real numbers ({dtype} for this table), got dtype {arr.dtype}")
+        raise DtypeError(f"{name} must hold real numbers ({dtype} for this table), got dtype {arr.dtype}")
     want = tuple(key_shape) + (dim,)
     if arr.shape != want:
         raise ValueError(f"{name} must have shape keys.shape + (dim,) = {want}, got {arr.shape}")
@@ -70,7 +81,7 @@ def as_values(values, key_shape, dim, dtype, name="values") -> np.ndarray:
 def as_exists(exists, key_shape, name="exists") -> np.ndarray:
     arr = np.asarray(exists)
     if arr.dtype != np.bool_:
-        raise TypeError(f"{name} must be a bool array, got dtype {arr.dtype}")
+        raise DtypeError(f"{name} must be a bool array, got dtype {arr.dtype}")
     if arr.shape != tuple(key_shape):
         raise ValueError(f"{name} must have the shape of keys {tuple(key_shape)}, got {arr.shape}")
     return np.ascontiguousarray(arr).reshape(-1)

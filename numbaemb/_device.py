@@ -127,7 +127,7 @@ class DeviceArrays:
                 keys = _checks.as_keys(keys, key_dtype)
                 return keys, self.cuda.to_device(_checks.flat_int64(keys))
             if d.dtype.kind not in "iu":
-                raise TypeError(f"keys must hold integers ({key_dtype} for this table), "
+                raise _checks.DtypeError(f"keys must hold integers ({key_dtype} for this table), "
                                 f"got dtype {d.dtype}")
             elif d.dtype != key_dtype and not np.can_cast(d.dtype, key_dtype, "safe"):
                 # rare: check the range on the host, as for numpy keys
@@ -142,7 +142,7 @@ class DeviceArrays:
                 arr = _checks.as_values(values, key_shape, dim, dtype, name)
                 return self.cuda.to_device(arr)
             if d.dtype.kind not in "fiu":
-                raise TypeError(f"{name} must hold real numbers ({dtype} for this table), "
+                raise _checks.DtypeError(f"{name} must hold real numbers ({dtype} for this table), "
                                 f"got dtype {d.dtype}")
             want = tuple(key_shape) + (dim,)
             if tuple(d.shape) != want:
@@ -156,7 +156,7 @@ class DeviceArrays:
             if d is None:
                 return self.cuda.to_device(_checks.as_exists(exists, key_shape))
             if d.dtype != np.bool_:
-                raise TypeError(f"exists must be a bool array, got dtype {d.dtype}")
+                raise _checks.DtypeError(f"exists must be a bool array, got dtype {d.dtype}")
             if tuple(d.shape) != tuple(key_shape):
                 raise ValueError(f"exists must have the shape of keys {tuple(key_shape)}, "
                                  f"got {tuple(d.shape)}")

@@ -61,7 +61,8 @@ class Zeros(Initializer):
 
 @dataclass(frozen=True)
 class Constant(Initializer):
-    """A scalar, or a vector of shape ``(dim,)`` repeated for every key."""
+    """A scalar, or a vector of shape ``(dim,)`` repeated for every key (a one-element
+    vector counts as its scalar and fills the row, as TFRA's default values do)."""
 
     value: object = 0.0
     kind = _k.CONSTANT
@@ -70,7 +71,9 @@ class Constant(Initializer):
         arr = np.asarray(self.value, dtype=np.float64)
         if arr.ndim > 1:
             raise ValueError(f"Constant value must be a scalar or of shape (dim,), got shape {arr.shape}")
-        object.__setattr__(self, "value", float(arr) if arr.ndim == 0 else tuple(arr.tolist()))
+        scalar = arr.ndim == 0 or arr.shape == (1,)
+        object.__setattr__(self, "value", float(arr.reshape(-1)[0]) if scalar
+                           else tuple(arr.tolist()))
 
     def _const(self, dim):
         if isinstance(self.value, tuple):

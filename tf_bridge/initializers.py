@@ -31,11 +31,16 @@ _BY_NAME = {
         mean=float(c.get("mean", 0.0)), stddev=float(c.get("stddev", 0.05)), seed=_seed(c)),
     "TruncatedNormal": lambda c: ne_init.TruncatedNormal(
         mean=float(c.get("mean", 0.0)), stddev=float(c.get("stddev", 0.05)), seed=_seed(c)),
-    "RandomUniform": lambda c: ne_init.RandomUniform(
-        minval=float(c.get("minval", -0.05)), maxval=float(c.get("maxval", 0.05)), seed=_seed(c)),
+    "RandomUniform": lambda c: ne_init.RandomUniform(   # TF1's maxval=None: 1 (floats)
+        minval=_float(c.get("minval", -0.05), 0.0), maxval=_float(c.get("maxval", 0.05), 1.0),
+        seed=_seed(c)),
 }
 # Keras 3 and TF-core (init_ops_v2) initializer modules whose classes we know by name.
 _MODULES = ("keras.", "tensorflow.python.ops.init_ops", "tf_keras.")
+
+
+def _float(value, default):
+    return default if value is None else float(value)
 
 
 def _seed(config):

@@ -85,7 +85,8 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
         is looked up directly, which measured faster (``predict`` on the training
         benchmark's job: 8.0M against 6.5M ids/s, 2-core VM).  Training always
         finds the distinct ids (the gradient is summed per id).
-      restrict_policy, bp_v2, init_size, num_shards, partitioner, seed: as ``de.Variable``.
+      restrict_policy, bp_v2, init_size, num_shards, partitioner, seed: as ``de.Variable``
+        (``init_capacity``: TFRA's name for ``init_size``).
       max_norm: clip each looked-up row's L2 norm.
       distributed: split the table across the MPI ranks of ``tf_bridge.distributed``
         (each id's row on rank ``id mod size``); lookups and optimizer steps exchange
@@ -96,7 +97,12 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
     def __init__(self, embedding_size, key_dtype=tf.int64, value_dtype=tf.float32,
                  combiner=None, initializer=None, devices=None, name=None, with_unique=False, *,
                  restrict_policy=None, bp_v2=False, init_size=0, num_shards=None,
-                 partitioner=None, seed=None, max_norm=None, distributed=False, **kwargs):
+                 partitioner=None, seed=None, max_norm=None, distributed=False,
+                 init_capacity=None, **kwargs):
+        if init_capacity is not None:        # TFRA's name for init_size
+            if init_size:
+                raise ValueError("pass init_size or init_capacity (TFRA's name), not both")
+            init_size = init_capacity
         if isinstance(embedding_size, (bool, np.bool_)) or not isinstance(
                 embedding_size, (int, np.integer)):
             raise TypeError(f"embedding_size must be an int, got {type(embedding_size).__name__}")

@@ -443,9 +443,11 @@ def embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy=None,
 def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=None,
                                  combiner="mean", default_id=None, name=None,
                                  partition_strategy="div", max_norm=None, return_trainable=False):
-    """As ``tf.nn.safe_embedding_lookup_sparse``: ids < 0 are pruned (and, unless
-    ``combiner == "sum"``, ids of weight <= 0); a row left empty gets the row of
-    ``default_id``, or zeros.  ``sparse_ids`` of rank > 2 give ``[d0, ..., d(n-1), dim]``.
+    """As ``tf.nn.safe_embedding_lookup_sparse``, with TFRA's rule for ids: every id is
+    a key, negative ones included (``tf.nn`` prunes ids < 0 as invalid row numbers of a
+    dense table; a hash table has no invalid key).  Unless ``combiner == "sum"``, ids
+    of weight <= 0 are pruned; a row left empty gets the row of ``default_id``, or
+    zeros.  ``sparse_ids`` of rank > 2 give ``[d0, ..., d(n-1), dim]``.
     A ``tf.RaggedTensor`` must have rank 2 (as TF's); it may have int32 or int64 row
     splits and any number of rows, zero included.
     """
@@ -460,10 +462,9 @@ def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=N
         sparse_ids = sparse_ids.to_sparse()
         sparse_weights = None if sparse_weights is None else sparse_weights.to_sparse()
     with tf.name_scope(name or "safe_embedding_lookup_sparse"):
-        keep = ids >= 0
         if sparse_weights is not None and combiner != "sum":
-            keep = tf.logical_and(keep, _values(sparse_weights, "sparse_weights") > 0)
-        sparse_ids, sparse_weights = _retain(sparse_ids, keep), _retain(sparse_weights, keep)
+            keep = _values(sparse_weights, "sparse_weights") > 0
+            sparse_ids, sparse_weights = _retain(sparse_ids, keep), _retain(sparse_weights, keep)
         ids = _values(sparse_ids, "sparse_ids")
         if default_id is not None:     # first, so tf.unique gives it position 0
             ids = tf.concat([tf.constant([default_id], ids.dtype), ids], 0)

@@ -23,7 +23,8 @@ variable for ``.handle`` (the handle's resource) like any resource variable, so
 one variable are concatenated by the tape; keys may repeat across lookups.
 
 Ids: int64 and int32 are accepted for either key dtype (int64 keys into an
-int32 table must fit, else ValueError); floats, bools and strings raise TypeError.
+int32 table must fit, else ValueError); floats, bools and strings raise
+``numbaemb.DtypeError`` (both a TypeError and, as TFRA raises, a ValueError).
 
 Only ``de.DynamicEmbeddingOptimizer`` can apply those gradients.  A plain Keras
 optimizer given the variable or its ``trainable_handle`` raises a TypeError
@@ -48,6 +49,7 @@ from tensorflow.python.ops.resource_variable_ops import ResourceVariable
 import numbaemb
 from jit_kernels.segment import unique_inverse
 from numbaemb import initializers as ne_init
+from numbaemb import DtypeError
 
 from .dlpack import from_tf, numpy_call
 from .initializers import translate
@@ -62,7 +64,7 @@ def _dtype(dtype, what, allowed):
     except TypeError:
         dt = None
     if dt not in allowed:
-        raise TypeError(f"{what} must be one of {[a.name for a in allowed]}, got {dtype!r}")
+        raise DtypeError(f"{what} must be one of {[a.name for a in allowed]}, got {dtype!r}")
     return dt
 
 
@@ -76,10 +78,10 @@ def as_ids(ids, name="ids"):
         if arr.dtype.kind not in "iu" and arr.size == 0:
             arr = arr.astype(np.int64)
         if arr.dtype.kind not in "iu" or arr.dtype == np.uint64:
-            raise TypeError(f"{name} must hold int64 or int32 values, got dtype {arr.dtype}")
+            raise DtypeError(f"{name} must hold int64 or int32 values, got dtype {arr.dtype}")
         ids = tf.constant(arr if arr.dtype in (np.int32, np.int64) else arr.astype(np.int64))
     if ids.dtype not in (tf.int64, tf.int32):
-        raise TypeError(f"{name} must be an int64 or int32 tensor, got {ids.dtype.name}")
+        raise DtypeError(f"{name} must be an int64 or int32 tensor, got {ids.dtype.name}")
     return ids
 
 
@@ -87,10 +89,10 @@ def _as_real(values, name, dtype):
     if not isinstance(values, (tf.Tensor, tf.Variable)):
         values = np.asarray(values)
         if values.dtype.kind not in "fiu":
-            raise TypeError(f"{name} must hold real numbers, got dtype {values.dtype}")
+            raise DtypeError(f"{name} must hold real numbers, got dtype {values.dtype}")
     values = tf.convert_to_tensor(values)
     if not (values.dtype.is_floating or values.dtype.is_integer):
-        raise TypeError(f"{name} must be a real tensor ({dtype.name}), got {values.dtype.name}")
+        raise DtypeError(f"{name} must be a real tensor ({dtype.name}), got {values.dtype.name}")
     return tf.cast(values, dtype) if values.dtype != dtype else values
 
 
@@ -349,7 +351,7 @@ class Variable(tf.__internal__.tracking.Trackable):
         new = _as_real(new_values, "new_values", self.value_dtype)
         exists = tf.convert_to_tensor(exists)
         if exists.dtype != tf.bool:
-            raise TypeError(f"exists must be a bool tensor, got {exists.dtype.name}")
+            raise DtypeError(f"exists must be a bool tensor, got {exists.dtype.name}")
         _check_shape(old, want, "old_values", "keys.shape + [dim]")
         _check_shape(new, want, "new_values", "keys.shape + [dim]")
         _check_shape(exists, keys.shape, "exists", "keys.shape")

@@ -111,10 +111,19 @@ def test_constant_scalar_fills_rows():
     np.testing.assert_array_equal(v.lookup(np.array([1, 2])), np.full((2, 5), -1.5))
 
 
-@pytest.mark.parametrize("value", [[1.0, 2.0], [1.0, 2.0, 3.0, 4.0], np.zeros(1)])
+@pytest.mark.parametrize("value", [[1.0, 2.0], [1.0, 2.0, 3.0, 4.0]])
 def test_constant_vector_wrong_length_raises(value):
     with pytest.raises(ValueError, match="dim"):
         ne.Variable(dim=3, initializer=I.Constant(value))
+
+
+@pytest.mark.parametrize("value", [np.array([-1.0]), [2.5], -1])
+def test_one_element_constant_fills_the_row(value):
+    """TFRA's default value forms: a scalar or a one-element array fill the row."""
+    v = ne.Variable(dim=8, initializer=value)
+    want = float(np.asarray(value).reshape(-1)[0])
+    np.testing.assert_array_equal(v.lookup(np.array([INT64_MIN, 0, INT64_MAX])),
+                                  np.full((3, 8), want, np.float32))
 
 
 # ---- seeds ------------------------------------------------------------------------------

@@ -87,7 +87,7 @@ TOWER_SIG = [tf.TensorSpec([None, None], tf.int64, name="ids"),
 
 
 def batches():
-    """Inputs with known ids, unknown ids, extremes, negative (pruned) ids, empty rows."""
+    """Inputs with known ids, unknown ids, extremes, negative ids (keys), empty rows."""
     dense = np.array([[1, 2, 99], [-1, I64.max, I64.min], [4, 2**40, -7]], np.int64)
     sp = tf.sparse.from_dense(tf.constant([[5, 6, 0], [0, 0, 0], [7, 1000, -2]], tf.int64))
     bag = tf.ragged.constant([[10, 11, 12], [], [-12, 10**12, -1, 10]], tf.int64)

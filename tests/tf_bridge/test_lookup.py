@@ -9,6 +9,10 @@ import numbaemb as ne
 import tf_bridge as de
 
 V, D = 12, 4                      # sparse tests: ids in [0, V), dense table = rows of 0..V-1
+# safe lookups: every id is a key, negative ones too (TFRA), where tf.nn prunes ids < 0; the
+# TF twin therefore holds keys -K..V-1 at rows 0..V+K-1 and is fed the ids shifted by K
+K = 4
+TWIN_KEYS = list(range(-K, V))
 _names = itertools.count()
 
 
@@ -30,6 +34,13 @@ def grad_dict(g):
     for k, row in zip(g.indices.numpy().tolist(), g.values.numpy()):
         out[k] = out.get(k, 0) + row
     return out
+
+
+def shift(sp):
+    """A SparseTensor / RaggedTensor of ids shifted by K (rows of the twin), or None."""
+    if sp is None or isinstance(sp, tf.RaggedTensor):
+        return None if sp is None else sp.with_flat_values(sp.flat_values + K)
+    return tf.SparseTensor(sp.indices, sp.values + K, sp.dense_shape)
 
 
 def dense_grads(v, keys, loss_of_table):
@@ -131,7 +142,8 @@ def test_sparse_lookups_match_tf(combiner, weights, ragged, safe):
     sp_ids, sp_w = sparse_case(ragged, weights, safe)
     if safe:
         ours = lambda p: de.safe_embedding_lookup_sparse(p, sp_ids, sp_w, combiner, default_id=3)
-        ref = lambda t: tf.nn.safe_embedding_lookup_sparse(t, sp_ids, sp_w, combiner, default_id=3)
+        ref = lambda t: tf.nn.safe_embedding_lookup_sparse(t, shift(sp_ids), sp_w, combiner,
+                                                           default_id=3 + K)
     else:
         ours = lambda p: de.embedding_lookup_sparse(p, sp_ids, sp_w, combiner=combiner)
         ref = lambda t: tf.nn.embedding_lookup_sparse(t, sp_ids, sp_w, combiner=combiner)
@@ -140,20 +152,23 @@ def test_sparse_lookups_match_tf(combiner, weights, ragged, safe):
         out = ours(v)
         loss = tf.reduce_sum(out * dy[:out.shape[0]])
     g, = tape.gradient(loss, [v])
-    dense = v.table.lookup(np.arange(V))
+    keys = TWIN_KEYS if safe else list(range(V))
+    dense = v.table.lookup(np.asarray(keys))
     np.testing.assert_allclose(out.numpy(), ref(dense).numpy(), rtol=1e-5, atol=1e-6)
-    want = dense_grads(v, list(range(V)), lambda t: tf.reduce_sum(ref(t) * dy[:out.shape[0]]))
+    want = dense_grads(v, keys, lambda t: tf.reduce_sum(ref(t) * dy[:out.shape[0]]))
     assert_grads_equal(grad_dict(g), want)
-    assert min(grad_dict(g), default=0) >= 0            # pruned ids get no gradient
+    if safe and not (weights and combiner != "sum"):     # negative ids are looked up, trained
+        assert min(grad_dict(g)) < 0
 
 
 def test_safe_lookup_default_none_rank3_and_tf_function():
     v = var()
     ids = tf.SparseTensor([[0, 0, 0], [0, 1, 1], [1, 0, 0]], tf.constant([4, -1, 7], tf.int64),
                           [2, 2, 3])
-    dense = v.table.lookup(np.arange(V))
-    want = tf.nn.safe_embedding_lookup_sparse(dense, ids, None, "sum").numpy()
+    dense = v.table.lookup(np.asarray(TWIN_KEYS))
+    want = tf.nn.safe_embedding_lookup_sparse(dense, shift(ids), None, "sum").numpy()
     assert want.shape == (2, 2, D)
+    assert np.allclose(want[0, 1], v.lookup(tf.constant([-1], tf.int64))[0])   # -1: a key
     np.testing.assert_allclose(de.safe_embedding_lookup_sparse(v, ids, None, "sum").numpy(), want,
                                rtol=1e-6)
     f = tf.function(lambda: de.safe_embedding_lookup_sparse(v, ids, None, "sum"))
@@ -161,7 +176,7 @@ def test_safe_lookup_default_none_rank3_and_tf_function():
     rt = tf.ragged.constant([[4, 4], [], [7]], tf.int64)
     g = tf.function(lambda: de.embedding_lookup_sparse(v, rt, None, combiner="sqrtn"))
     np.testing.assert_allclose(g().numpy(), tf.nn.embedding_lookup_sparse(
-        dense, rt, None, combiner="sqrtn").numpy(), rtol=1e-6)
+        dense, shift(rt), None, combiner="sqrtn").numpy(), rtol=1e-6)
     empty = tf.SparseTensor(tf.zeros([0, 2], tf.int64), tf.zeros([0], tf.int64), [3, 2])
     np.testing.assert_array_equal(de.safe_embedding_lookup_sparse(v, empty).numpy(), np.zeros((3, D)))
 
@@ -231,7 +246,8 @@ def test_bad_input_raises_naming_the_argument():
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf.function"])
 def test_safe_lookup_rank2_ragged_with_int32_or_int64_row_splits(splits, weights, graph):
     """Rank-2 ragged ids: any row-splits dtype (TF's own ragged path takes int64 only),
-    empty rows, pruned ids; values and gradients as TF's on the int64-splits twin."""
+    empty rows, negative ids (keys), pruned weights; values and gradients as TF's on the
+    int64-splits twin."""
     v = var()
     rows = [[1, 5, 5], [], [-1, 7], [11], [-3]]
     w = [[0.5, 2.0, 1.0], [], [1.0, -1.0], [3.0], [1.0]]
@@ -254,13 +270,13 @@ def test_safe_lookup_rank2_ragged_with_int32_or_int64_row_splits(splits, weights
                  for t in inputs]
         ours = tf.function(ours, input_signature=specs)
     out, g = ours(*inputs)
-    dense = v.table.lookup(np.arange(V))
-    ref = lambda t: tf.nn.safe_embedding_lookup_sparse(t, ids64, wts64, "mean")
+    dense = v.table.lookup(np.asarray(TWIN_KEYS))
+    ref = lambda t: tf.nn.safe_embedding_lookup_sparse(t, shift(ids64), wts64, "mean")
     np.testing.assert_allclose(out.numpy(), ref(dense).numpy(), rtol=1e-5, atol=1e-6)
     assert out.shape == (len(rows), D) and not out.numpy()[1].any()   # empty row: zeros
-    want = dense_grads(v, list(range(V)), lambda t: tf.reduce_sum(ref(t) * dy))
+    want = dense_grads(v, TWIN_KEYS, lambda t: tf.reduce_sum(ref(t) * dy))
     assert_grads_equal(grad_dict(g), want)
-    assert min(grad_dict(g)) >= 0
+    assert min(grad_dict(g)) == -3                       # negative ids are keys
 
 
 def test_safe_lookup_ragged_zero_rows_and_bad_rank():
