@@ -1,4 +1,10 @@
-"""``de.keras.layers``: the dynamic ``Embedding`` layer (see :mod:`tf_bridge.keras_layers`)."""
+"""``de.keras.layers``: the dynamic ``Embedding`` layer (see :mod:`tf_bridge.keras_layers`)
+and TFRA's ``SquashedEmbedding``, ``FieldWiseEmbedding`` and ``HvdAllToAllEmbedding``
+(see :mod:`tf_bridge.keras_tfra_layers`)."""
 from ..keras_layers import Embedding
+from ..keras_tfra_layers import FieldWiseEmbedding, HvdAllToAllEmbedding, SquashedEmbedding
 
-__all__ = ["Embedding"]
+BasicEmbedding = Embedding          # TFRA's other name for it
+
+__all__ = ["Embedding", "BasicEmbedding", "SquashedEmbedding", "FieldWiseEmbedding",
+           "HvdAllToAllEmbedding"]
