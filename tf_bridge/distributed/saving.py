@@ -179,8 +179,10 @@ def save_model(model, filepath, **kwargs):
       model: a Keras model; filepath: a ``.keras`` path every rank may name (only
       rank 0 writes); kwargs: passed to ``model.save``.
 
-    >>> hvd.save_model(model, "/shared/run/model.keras")     # every rank
-    >>> model = keras.models.load_model("/shared/run/model.keras")   # any world size
+    Example (every rank; then any world size, or one process, loads it)::
+
+        hvd.save_model(model, "/shared/run/model.keras")
+        model = hvd.load_model("/shared/run/model.keras")
     """
     states = {}
     for var in tables_of(model):

@@ -1,0 +1,183 @@
+"""Cold start: import and the first call of each public operation, in fresh processes,
+with an empty Numba cache (cold) and again with the cache the cold run filled (warm).
+
+    python benchmarks/bench_compile.py                 # table, optimizers, TF layer, CUDA simulator
+    python benchmarks/bench_compile.py --no-tf --no-cudasim
+
+Each scenario runs in a new Python process with ``NUMBA_CACHE_DIR`` set to a new empty
+directory (cold), then in a second new process with the same directory (warm): what a
+new user, a fresh container or a CI job pays, and what every later process pays.
+
+* ``table``: the issue's job: ``import numbaemb``; ``Variable(dim=8)``; ``find_or_insert``,
+  ``lookup`` and one ``Adam`` step on 1,000 int64 ids.  Target: 2 s cold, 0.3 s warm.
+* ``optimizers``: after the table ops, the first step of each optimizer (SGD, SGD with
+  momentum, Adagrad, Adam, FTRL, RMSprop).
+* ``tf``: ``import tensorflow`` (TF's own start-up, not ours), ``import tf_bridge``, then
+  the first ``model.fit`` step of ``de.keras.layers.Embedding(8)`` -> Dense(1) and,
+  for comparison, of the same model with ``keras.layers.Embedding``.  Target: ours
+  within 5 s cold beyond TF's start-up.
+* ``cudasim``: ``NUMBA_ENABLE_CUDASIM=1``: the GPU table's first ``find_or_insert`` and
+  ``lookup`` (the simulator interprets the kernels: no compile, Python speed).
+
+"specializations": the machine-code variants Numba compiled or loaded in the process
+(every signature of every dispatcher in ``jit_kernels`` and ``numbaemb``); "cache":
+loaded from / written to the cache.  The limit: a process that compiles nothing does
+each step in milliseconds (the warm column is close to it).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TARGET_TABLE_COLD, TARGET_TABLE_WARM, TARGET_TF_COLD = 2.0, 0.3, 5.0
+
+
+def _dispatchers():
+    """Every Numba dispatcher defined in jit_kernels and numbaemb modules."""
+    from numba.core.dispatcher import Dispatcher
+    out = []
+    for name, mod in list(sys.modules.items()):
+        if mod is None or not name.startswith(("jit_kernels", "numbaemb")):
+            continue
+        for obj in vars(mod).values():
+            if isinstance(obj, Dispatcher) and obj not in out:
+                out.append(obj)
+    return out
+
+
+def _counts():
+    n = hits = misses = 0
+    for d in _dispatchers():
+        n += len(d.signatures)
+        hits += sum(d.stats.cache_hits.values())
+        misses += sum(d.stats.cache_misses.values())
+    return {"specializations": n, "cache_hits": hits, "cache_misses": misses}
+
+
+def _timed(times, label, fn):
+    t0 = time.perf_counter()
+    out = fn()
+    times[label] = time.perf_counter() - t0
+    return out
+
+
+def child(scenario):
+    import numpy as np
+    times = {}
+    if scenario == "tf":
+        _timed(times, "import tensorflow", lambda: __import__("tensorflow"))
+    if scenario == "cudasim":
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    ne = _timed(times, "import numbaemb", lambda: __import__("numbaemb"))
+    ids = np.random.default_rng(0).integers(-2**62, 2**62, 1000)
+    grads = np.ones((1000, 8), np.float32)
+    if scenario in ("table", "optimizers"):
+        v = ne.Variable(dim=8, initializer=ne.initializers.RandomNormal(seed=1))
+        _timed(times, "find_or_insert", lambda: v.find_or_insert(ids))
+        _timed(times, "lookup", lambda: v.lookup(ids))
+        _timed(times, "Adam step", lambda: ne.optimizers.apply_gradients(
+            v, ne.optimizers.Adam(1e-3), ids, grads, step=1))
+        if scenario == "optimizers":
+            opts = {"SGD": ne.optimizers.SGD(0.1),
+                    "SGD momentum": ne.optimizers.SGD(0.1, momentum=0.9),
+                    "Adagrad": ne.optimizers.Adagrad(0.1), "FTRL": ne.optimizers.Ftrl(0.1),
+                    "RMSprop": ne.optimizers.RMSprop(0.1)}
+            for name, opt in opts.items():
+                w = ne.Variable(dim=8, name=f"opt_{name}")
+                _timed(times, f"{name} step", lambda: ne.optimizers.apply_gradients(
+                    w, opt, ids, grads, step=1))
+    elif scenario == "tf":
+        import keras
+        import numpy as np
+        de = _timed(times, "import tf_bridge", lambda: __import__("tf_bridge"))
+        x = np.random.default_rng(0).integers(0, 10**6, (256, 4))
+        y = np.ones((256, 1), np.float32)
+
+        def fit(layer, opt):
+            inp = keras.Input((4,), dtype="int64")
+            out = keras.layers.Dense(1)(keras.layers.Flatten()(layer(inp)))
+            model = keras.Model(inp, out)
+            model.compile(opt, loss="mse")
+            model.fit(x, y, batch_size=256, epochs=1, verbose=0)
+
+        _timed(times, "stock layer: first fit step", lambda: fit(
+            keras.layers.Embedding(10**6, 8), keras.optimizers.Adam(1e-3)))
+        _timed(times, "numbaemb layer: first fit step", lambda: fit(
+            de.keras.layers.Embedding(8), de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(1e-3))))
+    elif scenario == "cudasim":
+        v = ne.Variable(dim=8, device="cuda")
+        _timed(times, "find_or_insert (cudasim)", lambda: v.find_or_insert(ids[:64]))
+        _timed(times, "lookup (cudasim)", lambda: v.lookup(ids[:64]))
+    print(json.dumps({"times": times, **_counts()}), flush=True)
+
+
+def run(scenario, cache_dir, extra_env=None):
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir, TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.update(extra_env or {})
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", scenario],
+                         capture_output=True, text=True, timeout=1800, env=env, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    if out.returncode:
+        sys.exit(f"{scenario} failed:\n{out.stderr[-3000:]}")
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    res["process"] = wall
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--no-tf", action="store_true")
+    ap.add_argument("--no-cudasim", action="store_true")
+    args = ap.parse_args()
+    if args.child:
+        return child(args.child)
+    scenarios = ["table", "optimizers"] + ([] if args.no_tf else ["tf"]) + (
+        [] if args.no_cudasim else ["cudasim"])
+    rows = []
+    for sc in scenarios:
+        with tempfile.TemporaryDirectory(prefix="numba-cache-") as cache:
+            cold = run(sc, cache)
+            warm = run(sc, cache)
+        rows.append((sc, cold, warm))
+        print(f"{sc} done", file=sys.stderr, flush=True)
+    import numba
+    print(f"Python {sys.version.split()[0]}, numba {numba.__version__}, cpus {os.cpu_count()}, "
+          f"load average {os.getloadavg()[0]:.1f}; each column a new process, cold: empty "
+          "NUMBA_CACHE_DIR, warm: the cache the cold run wrote")
+    print()
+    print("| scenario | step | cold s | warm s | cold / warm |")
+    print("|---|---|---:|---:|---:|")
+    for sc, cold, warm in rows:
+        for step, t in cold["times"].items():
+            w = warm["times"][step]
+            print(f"| {sc} | {step} | {t:.2f} | {w:.2f} | {t / w if w > 0 else 0:.0f}x |")
+        print(f"| {sc} | specializations (cache loads / writes) | {cold['specializations']} "
+              f"({cold['cache_hits']} / {cold['cache_misses']}) | {warm['specializations']} "
+              f"({warm['cache_hits']} / {warm['cache_misses']}) | |")
+    print()
+    for sc, cold, warm in rows:
+        if sc == "table":
+            c = sum(cold["times"].values())
+            w = sum(warm["times"].values())
+            print(f"Target, import + find_or_insert + lookup + Adam step: cold {c:.2f} s "
+                  f"({'PASS' if c <= TARGET_TABLE_COLD else 'MISS'} vs {TARGET_TABLE_COLD} s), "
+                  f"warm {w:.2f} s ({'PASS' if w <= TARGET_TABLE_WARM else 'MISS'} vs "
+                  f"{TARGET_TABLE_WARM} s)")
+        if sc == "tf":
+            c = cold["times"]["numbaemb layer: first fit step"]
+            s = cold["times"]["stock layer: first fit step"]
+            print(f"Target, TF layer's first training step cold: {c:.2f} s "
+                  f"({'PASS' if c <= TARGET_TF_COLD else 'MISS'} vs {TARGET_TF_COLD} s; the stock "
+                  f"layer's first step {s:.2f} s, TF's import "
+                  f"{cold['times']['import tensorflow']:.2f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""``python -m numbaemb.warmup`` fills the cache a later process's table ops load from."""
+import json
+import os
+import subprocess
+import sys
+
+from numbaemb import warmup
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+JOB = """
+import json, sys, numpy as np, numbaemb as ne
+from numba.core.dispatcher import Dispatcher
+ids = np.random.default_rng(0).integers(-2**62, 2**62, int(sys.argv[1]))
+v = ne.Variable(dim=8)
+v.find_or_insert(ids); v.lookup(ids)
+ne.optimizers.apply_gradients(v, ne.optimizers.Adam(1e-3), ids, np.ones((ids.size, 8),
+                              np.float32), step=1)
+seen = [d for m in list(sys.modules.values()) if m is not None
+        and m.__name__.startswith(("jit_kernels", "numbaemb"))
+        for d in vars(m).values() if isinstance(d, Dispatcher)]
+print(json.dumps({"misses": sum(sum(d.stats.cache_misses.values()) for d in set(seen)),
+                  "hits": sum(sum(d.stats.cache_hits.values()) for d in set(seen))}))
+"""
+
+
+def run(*args, env=None):
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600,
+                          cwd=ROOT, env=dict(os.environ, **(env or {})))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_warm_runs_every_group():
+    times = warmup.warm()
+    assert {"find_or_insert", "lookup", "upsert", "accum", "export", "remove", "SGD", "Adam",
+            "Ftrl", "RMSprop", "Adagrad", "SGD momentum",
+            "unique / segment-sum / spread", "table growth"} <= set(times)
+
+
+def test_after_warmup_the_table_job_compiles_nothing():
+    """Small batches run the serial twins, large ones the parallel builds: both cached."""
+    out = run("-m", "numbaemb.warmup", "-q").stderr
+    assert "compiled and cached" in out
+    for n in ("1000", "300000"):
+        got = json.loads(run("-c", JOB, n).stdout.strip().splitlines()[-1])
+        assert got["misses"] == 0 and got["hits"] > 0, (n, got)
