@@ -51,11 +51,18 @@ def _dispatchers():
 
 def _counts():
     n = hits = misses = 0
+    compile_s = {}
     for d in _dispatchers():
         n += len(d.signatures)
         hits += sum(d.stats.cache_hits.values())
         misses += sum(d.stats.cache_misses.values())
-    return {"specializations": n, "cache_hits": hits, "cache_misses": misses}
+        for cres in d.overloads.values():
+            timers = (getattr(cres, "metadata", None) or {}).get("timers", {})
+            if timers:                  # compiled here (a cache load has no timers)
+                name = f"{d.py_func.__module__.split('.')[-1]}.{d.py_func.__name__}"
+                compile_s[name] = compile_s.get(name, 0.0) + timers.get("compiler_lock", 0.0)
+    return {"specializations": n, "cache_hits": hits, "cache_misses": misses,
+            "compile_s": compile_s}
 
 
 def _timed(times, label, fn):
@@ -161,6 +168,13 @@ def main():
         print(f"| {sc} | specializations (cache loads / writes) | {cold['specializations']} "
               f"({cold['cache_hits']} / {cold['cache_misses']}) | {warm['specializations']} "
               f"({warm['cache_hits']} / {warm['cache_misses']}) | |")
+    print()
+    for sc, cold, warm in rows:
+        top = sorted(cold["compile_s"].items(), key=lambda kv: -kv[1])[:8]
+        if top:
+            print(f"{sc}, cold: compile time of the outermost kernels (their inlined and "
+                  f"called kernels included), {sum(cold['compile_s'].values()):.1f} s in all: "
+                  + ", ".join(f"{k} {v:.1f}" for k, v in top))
     print()
     for sc, cold, warm in rows:
         if sc == "table":

@@ -17,6 +17,7 @@ import numba
 import numpy as np
 
 from jit_kernels import cpu_table as k
+from jit_kernels import initializers as _ki
 from jit_kernels.slots import empty_slots
 
 from ._arena import Column, arena_empty, arena_grow, populate, prefault
@@ -158,6 +159,9 @@ class Shard(IndexedRows):
         if self._init_size:
             populate(data)
         self.columns[name] = Column(data, init)
+        if init[0] in (_ki.ZEROS, _ki.CONSTANT):   # optimizer slots: rows not keyed, so every
+            data[:self.fresh] = init[4][:width] if init[0] == _ki.CONSTANT else 0  # row at once
+            return
         keys, rows = self.export_rows()
         k.init_rows(data, rows, keys, np.ones(keys.shape[0], np.bool_), *init)
 
