@@ -45,6 +45,23 @@ import numpy as np
 OPS = ("find_or_insert", "lookup", "apply_gradients")
 
 
+def replay_bare(c, comm):
+    """Replay the ``Alltoallv`` calls recorded in ``c.record`` (a numbaemb ``Comm``) as
+    bare ``Alltoallv`` calls of raw bytes with the same counts, on the same
+    communicator, after a ``Barrier``; stops recording; returns their wall time (s)."""
+    from mpi4py import MPI
+    log, c.record = c.record, None
+    comm.Barrier()
+    t1 = time.perf_counter()
+    for sb, rb in log:
+        s = np.empty(int(sb.sum()), np.uint8)
+        r = np.empty(int(rb.sum()), np.uint8)
+        sd = np.concatenate([[0], np.cumsum(sb)[:-1]])
+        rd = np.concatenate([[0], np.cumsum(rb)[:-1]])
+        c.comm.Alltoallv([s, (sb, sd), MPI.BYTE], [r, (rb, rd), MPI.BYTE])
+    return time.perf_counter() - t1
+
+
 def child(args):
     from mpi4py import MPI
     import numbaemb as ne
@@ -81,18 +98,7 @@ def child(args):
             parts = dict(c.times) if c is not None else {"plan": 0.0, "order": 0.0, "wait": 0.0,
                                                           "exchange": 0.0, "local": total}
             sent = c.bytes_sent if c is not None else 0
-            bare = 0.0
-            if c is not None:
-                log, c.record = c.record, None
-                comm.Barrier()
-                t1 = time.perf_counter()
-                for sb, rb in log:
-                    s = np.empty(int(sb.sum()), np.uint8)
-                    r = np.empty(int(rb.sum()), np.uint8)
-                    sd = np.concatenate([[0], np.cumsum(sb)[:-1]])
-                    rd = np.concatenate([[0], np.cumsum(rb)[:-1]])
-                    c.comm.Alltoallv([s, (sb, sd), MPI.BYTE], [r, (rb, rd), MPI.BYTE])
-                bare = time.perf_counter() - t1
+            bare = replay_bare(c, comm) if c is not None else 0.0
             vals = np.array([total, parts["plan"], parts["exchange"], parts["local"], bare,
                              parts["wait"], parts["order"]])
             worst = np.empty_like(vals)

@@ -94,6 +94,7 @@ def child(args):
     import keras
     from mpi4py import MPI
     from tf_bridge import distributed as hvd
+    from bench_distributed import replay_bare
     from bench_train import IDS_PER_STEP, make_ids, dataset
     from numbaemb._mpi import Comm
     hvd.init()
@@ -128,18 +129,7 @@ def child(args):
             if not self.breakdown:
                 return
             phases = dict(c.times) if c is not None else {}
-            bare = 0.0
-            if c is not None:
-                log, c.record = c.record, None
-                world_comm.Barrier()
-                t1 = time.perf_counter()
-                for sb, rb in log:
-                    s = np.empty(int(sb.sum()), np.uint8)
-                    r = np.empty(int(rb.sum()), np.uint8)
-                    sd = np.concatenate([[0], np.cumsum(sb)[:-1]])
-                    rd = np.concatenate([[0], np.cumsum(rb)[:-1]])
-                    c.comm.Alltoallv([s, (sb, sd), MPI.BYTE], [r, (rb, rd), MPI.BYTE])
-                bare = time.perf_counter() - t1
+            bare = replay_bare(c, world_comm) if c is not None else 0.0
             ex, dense, wait = (phases.get(k, 0.0) for k in ("exchange", "dense", "wait"))
             side = acc[0]
             self.rows.append([t - self.t0, ex, dense, side - ex - dense - wait, wait,
