@@ -22,11 +22,12 @@ from .mode import (ModelMode, enable_inference_mode, enable_train_mode, get_mode
                    is_training)
 from .variable import Variable, get_variable, owner_of
 from . import tf_nn  # noqa: E402,F401  (tf.nn's lookups accept our variables)
+from .kv_variable import get_kv_variable  # noqa: E402  (DeepRec's name)
 
 __all__ = ["Variable", "get_variable", "embedding_lookup", "embedding_lookup_unique",
            "embedding_lookup_sparse", "safe_embedding_lookup_sparse", "ModelMode",
            "enable_train_mode", "enable_inference_mode", "get_model_mode", "is_training",
-           "owner_of", "dlpack", "initializers"]
+           "owner_of", "dlpack", "initializers", "get_kv_variable"]
 
 # Checkpoints (tf.train.Checkpoint, Keras .keras files) and serving export.
 from . import checkpoint  # noqa: E402

@@ -132,6 +132,13 @@ class DynamicEmbeddingOptimizer(keras.optimizers.Optimizer):
       ValueError: an unsupported option is set on it.
     """
 
+    def __new__(cls, optimizer=None, *args, **kwargs):
+        # TF1 optimizers (tf.compat.v1.train.*): the TF1 wrapper, as TFRA's wrapper does
+        if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+            from .optimizer_v1 import DynamicEmbeddingOptimizerV1
+            return DynamicEmbeddingOptimizerV1(optimizer, *args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(self, optimizer, bp_v2=None, name=None):
         if isinstance(optimizer, DynamicEmbeddingOptimizer):
             raise TypeError("optimizer is already a DynamicEmbeddingOptimizer")

@@ -184,7 +184,8 @@ class Variable(tf.__internal__.tracking.Trackable):
     Checkpoints: the variable is trackable; ``tf.train.Checkpoint(emb=v)`` (or a
     Keras layer / ``tf.Module`` holding it) saves keys, values and every extra
     column (optimizer slots) and restores them into any shard count, see
-    :mod:`tf_bridge.checkpoint`.  SavedModels: use ``tf_bridge.export_for_serving``.
+    :mod:`tf_bridge.checkpoint`.  Created in a TF1 graph, it joins the
+    ``SAVEABLE_OBJECTS`` collection: ``tf.compat.v1.train.Saver()`` saves it too.  SavedModels: use ``tf_bridge.export_for_serving``.
     """
 
     _should_act_as_resource_variable = True   # tape.gradient(loss, [v]) uses v.handle
@@ -220,6 +221,11 @@ class Variable(tf.__internal__.tracking.Trackable):
                                                  trainable=self.trainable, name=f"{name}_handle")
         self.trainable_handle._de_owner = weakref.ref(self)
         self.restrict_policy = make_policy(restrict_policy, self)   # needs self.table
+        if self.checkpoint and not self.distributed and not (tf.executing_eagerly()
+                                                             or tf.inside_function()):
+            from .kv_variable import saveable     # TF1 graph: tf.compat.v1.train.Saver()
+            tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS,
+                                           saveable(self))
 
     # ---- properties ----------------------------------------------------------------
     name = property(lambda self: self.table.name)
@@ -454,6 +460,19 @@ def owner_of(obj):
 
 
 _REGISTRY = {}
+_GRAPH_REGISTRY = weakref.WeakKeyDictionary()   # tf.Graph -> {name: Variable}
+
+
+def _registry():
+    """Named variables of the eager context, or of the TF1 graph being built (each
+    ``tf.Graph`` has its own names, as its variables)."""
+    if tf.executing_eagerly() or tf.inside_function():
+        return _REGISTRY
+    graph = tf.compat.v1.get_default_graph()
+    names = _GRAPH_REGISTRY.get(graph)
+    if names is None:
+        names = _GRAPH_REGISTRY[graph] = {}
+    return names
 
 
 def get_variable(name, key_dtype=tf.int64, value_dtype=tf.float32, dim=1, **kwargs) -> Variable:
@@ -463,7 +482,7 @@ def get_variable(name, key_dtype=tf.int64, value_dtype=tf.float32, dim=1, **kwar
     raises ValueError.
     """
     fresh = Variable(key_dtype, value_dtype, dim, name=name, **kwargs)
-    old = _REGISTRY.setdefault(name, fresh)
+    old = _registry().setdefault(name, fresh)
     if old is not fresh and old._config() != fresh._config():
         a, b = old._config(), fresh._config()
         diff = ", ".join(f"{k}: existing {a[k]!r}, requested {b[k]!r}" for k in a if a[k] != b[k])
