@@ -36,7 +36,7 @@ saying so (:class:`DynamicHandle`) before it changes anything:
 >>> keras.optimizers.SGD().apply_gradients(zip(tape.gradient(loss, [v]), [v]))
 ... # doctest: +ELLIPSIS
 Traceback (most recent call last):
-TypeError: de.Variable 'doc_var' cannot be updated by a plain Keras optimizer: ...
+TypeError: de.Variable 'doc_var' cannot be updated by a plain Keras or TF1 optimizer: ...
 """
 import inspect
 import threading
@@ -102,7 +102,7 @@ def _check_shape(t, want, name, what):
 
 
 # ---- handles: what the tape differentiates, and what a plain optimizer must refuse -------
-_UNWRAPPED = ("{what} cannot be updated by a plain Keras optimizer: its gradient is a "
+_UNWRAPPED = ("{what} cannot be updated by a plain Keras or TF1 optimizer: its gradient is a "
               "tf.IndexedSlices of rows keyed by the ids of a dynamic table, which only "
               "de.DynamicEmbeddingOptimizer can apply (an unwrapped optimizer would fail on it, "
               "or scatter it into the (1, dim) handle and train nothing). Wrap the optimizer in "
@@ -142,7 +142,18 @@ class DynamicHandle:
 
 class _TableHandle(DynamicHandle, ResourceVariable):
     """``Variable.trainable_handle``: a ``tf.Variable`` (resource variable) that plain
-    Keras optimizers refuse (:class:`DynamicHandle`)."""
+    Keras optimizers refuse (:class:`DynamicHandle`).
+
+    A plain ``tf.compat.v1.train`` optimizer reads ``constraint`` of the variable just
+    before it writes a sparse gradient through the variable's resource (which would
+    fail at run time with "Index ... out of range", or worse): here that raises the
+    TypeError telling to wrap it.  Nothing else of ours reads it."""
+
+    @property
+    def constraint(self):
+        raise unwrapped_optimizer_error(
+            f"the trainable_handle of de.Variable {getattr(owner_of(self), 'name', '?')!r}",
+            " (TF1: de.DynamicEmbeddingOptimizer(tf.compat.v1.train.FtrlOptimizer(...)))")
 
 
 # Serving export (tf_bridge.export) sets ``_SERVING.hook(variable, keys, return_exists)``

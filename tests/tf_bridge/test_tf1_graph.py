@@ -180,3 +180,11 @@ def test_seed_002_example_in_graph_mode(tmp_path):
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "seed 002 ok 5" in proc.stdout
+
+
+def test_a_plain_tf1_optimizer_is_refused_with_a_clear_error():
+    with tf.Graph().as_default():
+        v = de.get_kv_variable("plain", embedding_dim=2)
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(v, tf.constant([1, 2], tf.int64)))
+        with pytest.raises(TypeError, match="DynamicEmbeddingOptimizer"):
+            V1.train.FtrlOptimizer(0.1).minimize(loss)
