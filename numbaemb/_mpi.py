@@ -29,9 +29,11 @@ import zlib
 
 import numpy as np
 
+from ._checks import DtypeError
+
 __all__ = ["Comm", "CollectiveMismatch", "size_of", "DENSE_OPS"]
 
-OK, TYPE_ERROR, VALUE_ERROR, OTHER_ERROR = 0, 1, 2, 3
+OK, TYPE_ERROR, VALUE_ERROR, OTHER_ERROR, DTYPE_ERROR = 0, 1, 2, 3, 4
 _WORDS = 5                        # count, op, tag, arg, status
 _SHARED = {}                      # id(user comm) -> (user comm, Comm)
 _SHARED_LOCK = threading.Lock()
@@ -126,7 +128,8 @@ class Comm:
         """
         self._wait()
         t0 = time.perf_counter()
-        status = (OK if error is None else TYPE_ERROR if isinstance(error, TypeError)
+        status = (OK if error is None else DTYPE_ERROR if isinstance(error, DtypeError)
+                  else TYPE_ERROR if isinstance(error, TypeError)
                   else VALUE_ERROR if isinstance(error, ValueError) else OTHER_ERROR)
         head = np.empty((self.size, _WORDS), np.int64)
         head[:, 0] = 0 if error is not None else counts
@@ -151,7 +154,8 @@ class Comm:
                 "applied")
         bad = [r for r in range(self.size) if got[r, 4]]
         first = bad[0]
-        kind = {TYPE_ERROR: TypeError, VALUE_ERROR: ValueError}.get(int(got[first, 4]),
+        kind = {TYPE_ERROR: TypeError, VALUE_ERROR: ValueError,
+                DTYPE_ERROR: DtypeError}.get(int(got[first, 4]),
                                                                     RuntimeError)
         msg = "; ".join(f"rank {r} of {self.size}: {notes[r][1]}" for r in bad)
         if kind is RuntimeError:
