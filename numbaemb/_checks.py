@@ -13,7 +13,9 @@ class DtypeError(TypeError, ValueError):
     # rises while a tf.function traces, instead of wrapping it in a StagingError
     __init__ = Exception.__init__
 
-VALUE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+INT_VALUE_DTYPES = (np.dtype(np.int8), np.dtype(np.int32), np.dtype(np.int64))
+VALUE_DTYPES = FLOAT_DTYPES + INT_VALUE_DTYPES     # integer tables: id maps, counters
 
 
 def key_dtype(dtype) -> np.dtype:
@@ -30,10 +32,15 @@ def value_dtype(dtype) -> np.dtype:
     try:
         dt = np.dtype(dtype)
     except TypeError:
-        raise DtypeError(f"value_dtype must be float32 or float64, got {dtype!r}") from None
+        raise DtypeError(f"value_dtype must be one of {_names(VALUE_DTYPES)}, got "
+                         f"{dtype!r}") from None
     if dt not in VALUE_DTYPES:
-        raise DtypeError(f"value_dtype must be float32 or float64, got {dt}")
+        raise DtypeError(f"value_dtype must be one of {_names(VALUE_DTYPES)}, got {dt}")
     return dt
+
+
+def _names(dtypes):
+    return [d.name for d in dtypes]
 
 
 def positive_int(value, name, minimum=1) -> int:
@@ -72,6 +79,15 @@ def as_values(values, key_shape, dim, dtype, name="values") -> np.ndarray:
     arr = np.asarray(values)
     if arr.dtype.kind not in "fiu":
         raise DtypeError(f"{name} must hold real numbers ({dtype} for this table), got dtype {arr.dtype}")
+    if np.dtype(dtype).kind == "i" and arr.dtype.kind != np.dtype(dtype).kind and arr.size:
+        if arr.dtype.kind == "f":       # an integer table: no silent truncation of floats
+            raise DtypeError(f"{name} must hold integers ({dtype} for this table), got dtype "
+                             f"{arr.dtype}")
+    if np.dtype(dtype).kind == "i" and arr.size and not np.can_cast(arr.dtype, dtype, "safe"):
+        info = np.iinfo(dtype)
+        if int(arr.min()) < info.min or int(arr.max()) > info.max:
+            raise ValueError(f"{name} holds values outside the {dtype} range "
+                             f"[{info.min}, {info.max}]: min {arr.min()}, max {arr.max()}")
     want = tuple(key_shape) + (dim,)
     if arr.shape != want:
         raise ValueError(f"{name} must have shape keys.shape + (dim,) = {want}, got {arr.shape}")

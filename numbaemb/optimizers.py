@@ -199,6 +199,9 @@ def _check(variable, optimizer):
     if not isinstance(optimizer, Optimizer):
         raise TypeError(f"optimizer must be a numbaemb.optimizers.Optimizer, "
                         f"got {type(optimizer).__name__}")
+    if variable.value_dtype.kind != "f":
+        raise _checks.DtypeError(f"table {variable.name!r} holds {variable.value_dtype} values: "
+                                 "integer tables are not trainable (float32 or float64 are)")
 
 
 def _check_slot(variable, optimizer, slot_name):

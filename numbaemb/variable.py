@@ -59,7 +59,9 @@ class Variable:
     Args:
       dim: row width.
       key_dtype: ``np.int64`` (default) or ``np.int32``; every value of it is a valid key.
-      value_dtype: ``np.float32`` (default) or ``np.float64``.
+      value_dtype: ``np.float32`` (default) or ``np.float64``; or ``np.int8`` / ``int32`` /
+        ``int64`` for tables that are not trained (id maps, counters; initial values are
+        the initializer's, truncated).
       num_shards: shards in this process; keys go to ``partitioner(keys, num_shards)``.
       partitioner: ``f(keys, n) -> shard ids``; default key mod n on the unsigned value.
       name: optional name (``get_variable`` registry; default seed).

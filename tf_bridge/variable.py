@@ -58,6 +58,9 @@ from .restrict import make_policy
 __all__ = ["Variable", "get_variable", "as_ids", "owner_of", "DynamicHandle"]
 
 
+VALUE_DTYPES = (tf.float32, tf.float64, tf.int8, tf.int32, tf.int64)
+
+
 def _dtype(dtype, what, allowed):
     try:
         dt = tf.as_dtype(dtype)
@@ -93,6 +96,11 @@ def _as_real(values, name, dtype):
     values = tf.convert_to_tensor(values)
     if not (values.dtype.is_floating or values.dtype.is_integer):
         raise DtypeError(f"{name} must be a real tensor ({dtype.name}), got {values.dtype.name}")
+    if dtype.is_integer and values.dtype.is_floating:      # no silent truncation
+        raise DtypeError(f"{name} must hold integers ({dtype.name} for this table), got "
+                         f"{values.dtype.name}")
+    if dtype.is_integer and values.dtype.is_integer:       # numbaemb checks the range
+        return values
     return tf.cast(values, dtype) if values.dtype != dtype else values
 
 
@@ -166,7 +174,9 @@ class Variable(tf.__internal__.tracking.Trackable):
 
     Args:
       key_dtype: ``tf.int64`` (default) or ``tf.int32``.
-      value_dtype: ``tf.float32`` (default) or ``tf.float64``.
+      value_dtype: ``tf.float32`` (default) or ``tf.float64``; ``tf.int8`` / ``tf.int32`` /
+        ``tf.int64`` for tables that are read and written but not trained (id maps,
+        counters: lookups are plain reads, optimizers refuse them).
       dim: row width.
       devices: only its length is used (one shard per device); tables live in host memory.
       partitioner: numpy ``f(keys, n) -> shard ids``; default key mod n (unsigned).
@@ -211,12 +221,14 @@ class Variable(tf.__internal__.tracking.Trackable):
         if not isinstance(name, str) or not name:
             raise TypeError(f"name must be a non-empty str, got {name!r}")
         self.key_dtype = _dtype(key_dtype, "key_dtype", (tf.int64, tf.int32))
-        self.value_dtype = _dtype(value_dtype, "value_dtype", (tf.float32, tf.float64))
+        self.value_dtype = _dtype(value_dtype, "value_dtype", VALUE_DTYPES)
         self.initializer = translate(initializer)
         kernel_init = isinstance(self.initializer, ne_init.Initializer)
         self.devices = list(devices) if devices else ["/CPU:0"]
         self.shared_name = shared_name
-        self.trainable, self.checkpoint, self.bp_v2 = bool(trainable), bool(checkpoint), bool(bp_v2)
+        # integer tables (id maps, counters) are read and written, never trained
+        self.trainable = bool(trainable) and self.value_dtype.is_floating
+        self.checkpoint, self.bp_v2 = bool(checkpoint), bool(bp_v2)
         opts = dict(key_dtype=self.key_dtype.as_numpy_dtype, value_dtype=self.value_dtype.as_numpy_dtype)
         comm = _distributed_comm(distributed, kernel_init, restrict_policy, initializer)
         self.table = numbaemb.Variable(

@@ -245,7 +245,7 @@ def test_empty_list_keys_with_other_empty_args():
     (dict(dim=4, key_dtype="not-a-dtype"), TypeError, "key_dtype"),
     (dict(dim=4, key_dtype=object()), TypeError, "key_dtype"),
     (dict(dim=4, value_dtype=np.float16), TypeError, "value_dtype"),
-    (dict(dim=4, value_dtype=np.int32), TypeError, "value_dtype"),
+    (dict(dim=4, value_dtype=np.uint32), TypeError, "value_dtype"),
     (dict(dim=4, value_dtype=np.complex64), TypeError, "value_dtype"),
     (dict(dim=4, value_dtype="nope"), TypeError, "value_dtype"),
     (dict(dim=4, partitioner=3), TypeError, "partitioner"),

@@ -170,7 +170,7 @@ def test_bad_constructor_arguments():
     with pytest.raises(TypeError, match="key_dtype"):
         var(key_dtype=tf.string)
     with pytest.raises(TypeError, match="value_dtype"):
-        var(value_dtype=tf.int32)
+        var(value_dtype=tf.uint16)
     with pytest.raises(ValueError, match="dim"):
         var(dim=0)
     with pytest.raises(ValueError, match="kv_creator"):
