@@ -258,3 +258,22 @@ TestCudaTable = CudaTableMachine.TestCase
 TestCudaTable.settings = _SETTINGS
 TestCudaSharded = CudaShardedMachine.TestCase
 TestCudaSharded.settings = _SETTINGS
+
+
+@pytest.mark.parametrize("value_dtype", [np.int8, np.int64])
+def test_integer_values_match_cpu_variable(value_dtype):
+    """Integer tables (id maps, counters) run the same kernel bodies on the device."""
+    gpu = ne.Variable(dim=DIM, device="cuda", value_dtype=value_dtype, initializer=-1)
+    cpu = ne.Variable(dim=DIM, value_dtype=value_dtype, initializer=-1)
+    keys = np.array(EXTREMES + [5, 5, 9], np.int64)
+    vals = np.arange(keys.size * DIM).reshape(-1, DIM).astype(value_dtype)
+    for t in (gpu, cpu):
+        t.upsert(keys[:4], vals[:4])
+        t.find_or_insert(keys)
+    np.testing.assert_array_equal(host(gpu.lookup(keys)), cpu.lookup(keys))
+    exists = np.ones(keys.size, bool)
+    for t in (gpu, cpu):
+        old = host(t.lookup(keys))
+        t.accum(keys, old, old + 1, exists)
+    np.testing.assert_array_equal(host(gpu.lookup(keys)), cpu.lookup(keys))
+    assert host(gpu.lookup(keys)).dtype == value_dtype
