@@ -59,14 +59,19 @@ def as_keys(keys, dtype: np.dtype, name="keys") -> np.ndarray:
     if arr.dtype.kind not in "iu":
         raise DtypeError(f"{name} must hold integers ({dtype} for this table), got dtype {arr.dtype}")
     if arr.dtype != dtype:
-        if not np.can_cast(arr.dtype, dtype, "safe") and arr.size:
-            info = np.iinfo(dtype)
-            lo, hi = arr.min(), arr.max()
-            if int(lo) < info.min or int(hi) > info.max:
-                raise ValueError(f"{name} holds values outside the {dtype} key range "
-                                 f"[{info.min}, {info.max}]: min {lo}, max {hi}")
+        _check_int_range(arr, dtype, name, "key range")
         arr = arr.astype(dtype)
     return arr
+
+
+def _check_int_range(arr, dtype, name, what="range"):
+    """ValueError when integer ``arr`` holds values that ``dtype`` cannot represent."""
+    if arr.size and not np.can_cast(arr.dtype, dtype, "safe"):
+        info = np.iinfo(dtype)
+        lo, hi = arr.min(), arr.max()
+        if int(lo) < info.min or int(hi) > info.max:
+            raise ValueError(f"{name} holds values outside the {dtype} {what} "
+                             f"[{info.min}, {info.max}]: min {lo}, max {hi}")
 
 
 def flat_int64(keys: np.ndarray) -> np.ndarray:
@@ -79,15 +84,11 @@ def as_values(values, key_shape, dim, dtype, name="values") -> np.ndarray:
     arr = np.asarray(values)
     if arr.dtype.kind not in "fiu":
         raise DtypeError(f"{name} must hold real numbers ({dtype} for this table), got dtype {arr.dtype}")
-    if np.dtype(dtype).kind == "i" and arr.dtype.kind != np.dtype(dtype).kind and arr.size:
-        if arr.dtype.kind == "f":       # an integer table: no silent truncation of floats
+    if np.dtype(dtype).kind == "i":     # an integer table: no truncation, no wrap-around
+        if arr.dtype.kind == "f" and arr.size:
             raise DtypeError(f"{name} must hold integers ({dtype} for this table), got dtype "
                              f"{arr.dtype}")
-    if np.dtype(dtype).kind == "i" and arr.size and not np.can_cast(arr.dtype, dtype, "safe"):
-        info = np.iinfo(dtype)
-        if int(arr.min()) < info.min or int(arr.max()) > info.max:
-            raise ValueError(f"{name} holds values outside the {dtype} range "
-                             f"[{info.min}, {info.max}]: min {arr.min()}, max {arr.max()}")
+        _check_int_range(arr, dtype, name)
     want = tuple(key_shape) + (dim,)
     if arr.shape != want:
         raise ValueError(f"{name} must have shape keys.shape + (dim,) = {want}, got {arr.shape}")

@@ -289,12 +289,7 @@ def apply_gradients(variable, optimizer, ids, grads, *, step, learning_rate=None
     else:
         uniq, inverse = unique_inverse(_checks.flat_int64(keys))
         sums = segment_sum(g, inverse, uniq.shape[0], numba.get_num_threads())
-    if variable.max_keys is not None:
-        after = variable.size() + variable._count_new(uniq)
-        if after > variable.max_keys:
-            raise ValueError(f"table {variable.name!r} is full: this step would put {after} "
-                             f"keys in it, over its capacity of {variable.max_keys} keys "
-                             "(nothing was applied)")
+    variable._check_room(uniq)
     if delta:
         _apply_delta(variable, optimizer, uniq, sums, lr, step)
         return

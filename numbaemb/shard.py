@@ -159,9 +159,9 @@ class Shard(IndexedRows):
         if self._init_size:
             populate(data)
         self.columns[name] = Column(data, init)
-        if init[0] in (_ki.ZEROS, _ki.CONSTANT):   # optimizer slots: rows not keyed, so every
-            data[:self.fresh] = init[4][:width] if init[0] == _ki.CONSTANT else 0  # row at once
-            return
+        if init[0] in (_ki.ZEROS, _ki.CONSTANT):     # optimizer slots: the same row for every
+            data[:self.fresh] = 0 if init[0] == _ki.ZEROS else init[4][:width]   # key, so
+            return                                     # no export of the keys, no keyed kernel
         keys, rows = self.export_rows()
         k.init_rows(data, rows, keys, np.ones(keys.shape[0], np.bool_), *init)
 

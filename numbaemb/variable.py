@@ -161,8 +161,24 @@ class Variable:
         return keys, flat
 
     def _count_new(self, keys) -> int:
-        """How many of the distinct ``keys`` are absent."""
-        return int((~self.lookup(keys, return_exists=True)[1]).sum()) if keys.size else 0
+        """How many of the distinct ``keys`` are absent (each shard's probe-only count:
+        no rows are read)."""
+        keys, flat = self._keys(keys)
+        if not flat.shape[0]:
+            return 0
+        with self._lock.read():
+            return sum(int(shard._count_absent(k)) for shard, _, k in self._parts(keys, flat))
+
+    def _check_room(self, keys, what="this step"):
+        """ValueError, before anything is applied, when inserting the distinct ``keys``
+        would take the table past ``max_keys``."""
+        if self.max_keys is None:
+            return
+        after = self.size() + self._count_new(keys)
+        if after > self.max_keys:
+            raise ValueError(f"table {self.name!r} is full: {what} would put {after} keys in "
+                             f"it, over its capacity of {self.max_keys} keys (nothing was "
+                             "applied)")
 
     def _parts(self, keys, flat):
         """[(shard, positions or None, shard keys)], computed before any mutation."""

@@ -55,7 +55,7 @@ import tensorflow as tf
 
 import numbaemb
 
-__all__ = ["table_state", "restore_table_state", "KerasTableSaving", "STATE_NAMES",
+__all__ = ["table_state", "restore_table_state", "KerasTableSaving", "STATE_NAMES", "saveable",
            "FORMAT"]
 
 FORMAT = "tf_bridge.table_state"
@@ -358,6 +358,15 @@ def _restore_owned(variable, state):
     state = dict(state, keys=state["keys"][mine], values=state["values"][mine],
                  column_bytes=state["column_bytes"][mine], columns=json.dumps(meta))
     restore_table_state(table.local, state)
+
+
+def saveable(var):
+    """A TF1 ``SaveableObject`` of ``var``'s state, its checkpoint keys prefixed by the
+    variable's name (``<name>/keys``, ``<name>/values``...), for ``tf.compat.v1.train.Saver``
+    (``Saver(var_list=[saveable(v), ...])`` or the ``SAVEABLE_OBJECTS`` collection)."""
+    factories = tf.__internal__.tracking.saveable_objects_from_trackable(var)
+    (factory,) = factories.values()
+    return factory(name=f"{var.name}/")
 
 
 class _TableSnapshot(tf.__internal__.tracking.Trackable):

@@ -329,15 +329,11 @@ def export_for_serving(model, path, input_signature=None, *, fn=None, signatures
     signature = _input_signature(model, input_signature)
     split = [v for v in _reachable_variables(model) if v.distributed]
     if split:                   # collective: rank 0 gets every row and writes alone
-        from .distributed import rank
-        from .distributed.saving import _barrier, gather_table
+        from .distributed.saving import _on_rank0, gather_table
         gathered = {id(v): gather_table(v) for v in split}
-        try:
-            if rank() == 0:
-                _export(model, path, call, signature, signatures, options, gathered)
-        finally:
-            _barrier()
-        return path
+        # every rank returns the path, or raises if rank 0 failed to write
+        return _on_rank0(lambda: _export(model, path, call, signature, signatures, options,
+                                         gathered), f"SavedModel {path!r}")
     return _export(model, path, call, signature, signatures, options, {})
 
 

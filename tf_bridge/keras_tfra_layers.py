@@ -18,6 +18,7 @@ TensorShape([3, 8])
 import keras
 import tensorflow as tf
 
+from ._args import int_at_least
 from .keras_layers import COMBINERS, Embedding
 from .variable import as_ids
 
@@ -34,8 +35,16 @@ def _dense_ids(inputs, layer):
     return as_ids(inputs, "inputs")
 
 
+class _DenseOutput(Embedding):
+    """Layers whose output is dense whatever the input: the symbolic output follows
+    ``compute_output_shape``."""
+
+    def compute_output_spec(self, inputs, *args, **kwargs):
+        return keras.KerasTensor(self.compute_output_shape(inputs.shape), dtype=self.compute_dtype)
+
+
 @keras.saving.register_keras_serializable(package="tf_bridge")
-class SquashedEmbedding(Embedding):
+class SquashedEmbedding(_DenseOutput):
     """TFRA's ``SquashedEmbedding``: rows of ids of any shape, reduced by ``combiner``
     ("sum" (default), "mean", "min", "max", "prod", "std") over every axis but the
     first, or over the ids for 1-D ids.  Other arguments: as ``Embedding``."""
@@ -59,15 +68,13 @@ class SquashedEmbedding(Embedding):
         shape = tuple(input_shape)
         return (shape[0], self.embedding_size) if len(shape) > 1 else (self.embedding_size,)
 
-    def compute_output_spec(self, inputs, *args, **kwargs):
-        return keras.KerasTensor(self.compute_output_shape(inputs.shape), dtype=self.compute_dtype)
 
     def get_config(self):
         return dict(super().get_config(), combiner=self.squash)
 
 
 @keras.saving.register_keras_serializable(package="tf_bridge")
-class FieldWiseEmbedding(Embedding):
+class FieldWiseEmbedding(_DenseOutput):
     """TFRA's ``FieldWiseEmbedding``: ``(batch, n)`` ids (or ``(batch,)``) give
     ``(batch, nslots, dim)``, field ``s`` of a sample holding its ids with
     ``slot_map_fn(id) == s`` combined by ``combiner`` ("sum" (default), "mean",
@@ -87,13 +94,12 @@ class FieldWiseEmbedding(Embedding):
             slot_map_fn = keras.saving.deserialize_keras_object(slot_map_fn)
         if not callable(slot_map_fn):
             raise ValueError(f"slot_map_fn must be callable, got {type(slot_map_fn).__name__}")
-        if isinstance(nslots, bool) or not isinstance(nslots, int) or nslots < 1:
-            raise ValueError(f"nslots must be a positive int, got {nslots!r}")
+        nslots = int_at_least(nslots, "nslots")
         if combiner not in COMBINERS or combiner is None:
             raise ValueError(f"combiner must be one of {[c for c in COMBINERS if c]}, got "
                              f"{combiner!r}")
         super().__init__(embedding_size, combiner=combiner, **kwargs)
-        self.nslots, self.slot_map_fn = int(nslots), slot_map_fn
+        self.nslots, self.slot_map_fn = nslots, slot_map_fn
 
     def call(self, inputs, training=None):
         ids = _dense_ids(inputs, "FieldWiseEmbedding")
@@ -120,8 +126,6 @@ class FieldWiseEmbedding(Embedding):
     def compute_output_shape(self, input_shape):
         return (tuple(input_shape)[0], self.nslots, self.embedding_size)
 
-    def compute_output_spec(self, inputs, *args, **kwargs):
-        return keras.KerasTensor(self.compute_output_shape(inputs.shape), dtype=self.compute_dtype)
 
     def get_config(self):
         return dict(super().get_config(), nslots=self.nslots,

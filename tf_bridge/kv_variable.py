@@ -4,7 +4,8 @@
 (the name is scoped; ``reuse=True`` / ``tf.compat.v1.AUTO_REUSE`` give back the same
 variable, as ``tf.compat.v1.get_variable`` does) and a ``partitioner``
 (``tf.compat.v1.fixed_size_partitioner(n)``: a table of ``n`` shards).  In a TF1 graph
-the variable's state joins the ``SAVEABLE_OBJECTS`` collection (:func:`saveable`), so
+the variable's state joins the ``SAVEABLE_OBJECTS`` collection
+(:func:`tf_bridge.checkpoint.saveable`), so
 ``tf.compat.v1.train.Saver()`` saves and restores its keys, rows and optimizer slots under
 ``<scoped name>/...`` (into any shard count).  Train it
 with ``de.DynamicEmbeddingOptimizer(tf.compat.v1.train.XOptimizer(...))``.
@@ -18,9 +19,10 @@ with ``de.DynamicEmbeddingOptimizer(tf.compat.v1.train.XOptimizer(...))``.
 """
 import tensorflow as tf
 
+from ._args import int_at_least
 from .variable import Variable, _registry
 
-__all__ = ["get_kv_variable", "saveable"]
+__all__ = ["get_kv_variable"]
 
 _NOMINAL_ROWS = 1 << 20       # the row count partitioners are shown (tables have no shape)
 _MAX_SHARDS = 256
@@ -33,8 +35,7 @@ def get_kv_variable(name, embedding_dim=None, key_dtype=tf.int64, value_dtype=tf
     current variable scope (DeepRec's arguments; ``trainable`` None means True)."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"name must be a non-empty str, got {name!r}")
-    if isinstance(embedding_dim, bool) or not isinstance(embedding_dim, int) or embedding_dim < 1:
-        raise ValueError(f"embedding_dim must be a positive int, got {embedding_dim!r}")
+    embedding_dim = int_at_least(embedding_dim, "embedding_dim")
     if constraint is not None:
         raise NotImplementedError("constraint is not supported on a dynamic table")
     if isinstance(initializer, tf.Tensor) and not initializer.shape.is_fully_defined():
@@ -69,12 +70,3 @@ def get_kv_variable(name, embedding_dim=None, key_dtype=tf.int64, value_dtype=tf
         for c in collections or ():          # (SAVEABLE_OBJECTS: the Variable joins it)
             tf.compat.v1.add_to_collection(c, var)
     return var
-
-
-def saveable(var):
-    """A TF1 ``SaveableObject`` of ``var``'s state, its checkpoint keys prefixed by the
-    variable's name (``<name>/keys``, ``<name>/values``...), for ``tf.compat.v1.train.Saver``
-    (``Saver(var_list=[saveable(v), ...])`` or the ``SAVEABLE_OBJECTS`` collection)."""
-    factories = tf.__internal__.tracking.saveable_objects_from_trackable(var)
-    (factory,) = factories.values()
-    return factory(name=f"{var.name}/")

@@ -251,29 +251,7 @@ class DynamicEmbeddingOptimizer(keras.optimizers.Optimizer):
 
     # ---- dynamic variables --------------------------------------------------------------
     def _apply_dynamic(self, var, grads, step, lr):
-        keys, values = [], []
-        for g in grads:
-            if not isinstance(g, tf.IndexedSlices):
-                raise TypeError(f"the gradient of dynamic variable {var.name!r} must be the "
-                                "tf.IndexedSlices of de.embedding_lookup, got "
-                                f"{type(g).__name__} (was its trainable_handle used directly?)")
-            if g.values.shape.rank != 2 or g.values.shape[1] not in (None, var.dim):
-                raise ValueError(f"the gradient of {var.name!r} must have values of shape "
-                                 f"(n, {var.dim}), got {g.values.shape}")
-            keys.append(g.indices)
-            values.append(tf.cast(g.values, var.value_dtype))
-        distinct = len(keys) == 1 and is_distinct(keys[0])
-        keys = keys[0] if len(keys) == 1 else tf.concat(keys, 0)
-        values = self._prepare(values[0] if len(values) == 1 else tf.concat(values, 0))
-        bp_v2 = var.bp_v2 if self._bp_v2 is None else self._bp_v2
-        rule = self._rule
-
-        def run(k, g, s, r):
-            _step(var, rule, k, g, int(s), float(r), bp_v2, distinct)
-            return ()
-
-        numpy_call(run, [keys, values, step, lr], [], name=f"{var.name}_apply",
-                   collective=var.distributed)
+        apply_dynamic(var, grads, step, lr, self._rule, self._bp_v2, self._prepare)
 
     def _prepare(self, values):
         """Loss-scale and clipping of the wrapped optimizer, on summed per-id rows."""
@@ -305,6 +283,38 @@ class DynamicEmbeddingOptimizer(keras.optimizers.Optimizer):
         inner = keras.saving.deserialize_keras_object(config.pop("optimizer"),
                                                       custom_objects=custom_objects)
         return cls(inner, **config)
+
+
+# ---- one step of one dynamic variable (the Keras and the TF1 wrapper) ------------------------
+def apply_dynamic(var, grads, step, lr, rule, bp_v2=None, prepare=None):
+    """Apply ``grads`` (the ``tf.IndexedSlices`` of ``var``'s lookups) with numbaemb
+    optimizer ``rule`` at ``step`` (int64 tensor) and learning rate ``lr`` (float64
+    tensor): one ``numpy_call`` (collective for a split table).  ``prepare``: what to do
+    to the gradient rows first (loss scale, clipping).  Returns the call's result."""
+    keys, values = [], []
+    for g in grads:
+        if not isinstance(g, tf.IndexedSlices):
+            raise TypeError(f"the gradient of dynamic variable {var.name!r} must be the "
+                            "tf.IndexedSlices of de.embedding_lookup, got "
+                            f"{type(g).__name__} (was its trainable_handle used directly?)")
+        if g.values.shape.rank != 2 or g.values.shape[1] not in (None, var.dim):
+            raise ValueError(f"the gradient of {var.name!r} must have values of shape "
+                             f"(n, {var.dim}), got {g.values.shape}")
+        keys.append(g.indices)
+        values.append(tf.cast(g.values, var.value_dtype))
+    distinct = len(keys) == 1 and is_distinct(keys[0])
+    keys = keys[0] if len(keys) == 1 else tf.concat(keys, 0)
+    values = values[0] if len(values) == 1 else tf.concat(values, 0)
+    if prepare is not None:
+        values = prepare(values)
+    bp_v2 = var.bp_v2 if bp_v2 is None else bp_v2
+
+    def run(k, g, s, r):
+        _step(var, rule, k, g, int(s), float(r), bp_v2, distinct)
+        return ()
+
+    return numpy_call(run, [keys, values, step, lr], [], name=f"{var.name}_apply",
+                      collective=var.distributed)
 
 
 # ---- numpy side: one call per dynamic variable per step -------------------------------------

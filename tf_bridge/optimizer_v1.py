@@ -21,8 +21,7 @@ import tensorflow as tf
 
 from numbaemb import optimizers as ne_opt
 
-from .dlpack import numpy_call
-from .lookup import is_distinct
+from .optimizer import apply_dynamic
 
 __all__ = ["DynamicEmbeddingOptimizerV1", "translate_v1"]
 
@@ -128,23 +127,7 @@ class DynamicEmbeddingOptimizerV1:
         return self.apply_gradients(grads_and_vars, global_step=global_step, name=name)
 
     def _apply_dynamic(self, var, grads, step, lr):
-        from .optimizer import _step
-        for g in grads:
-            if not isinstance(g, tf.IndexedSlices):
-                raise TypeError(f"the gradient of dynamic variable {var.name!r} must be the "
-                                f"tf.IndexedSlices of its lookups, got {type(g).__name__}")
-        keys = tf.concat([g.indices for g in grads], 0) if len(grads) > 1 else grads[0].indices
-        values = tf.concat([tf.cast(g.values, var.value_dtype) for g in grads], 0)
-        distinct = len(grads) == 1 and is_distinct(grads[0].indices)
-        bp_v2 = var.bp_v2 if self._bp_v2 is None else self._bp_v2
-        rule = self._rule
-
-        def run(k, g, s, r):
-            _step(var, rule, k, g, int(s), float(r), bp_v2, distinct)
-            return ()
-
-        out = numpy_call(run, [keys, values, step, lr], [], name=f"{var.name}_apply",
-                         collective=var.distributed)
+        out = apply_dynamic(var, grads, step, lr, self._rule, self._bp_v2)
         if isinstance(out, tf.Operation):
             return out
         return None if tf.executing_eagerly() else tf.group(out)

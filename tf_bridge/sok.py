@@ -29,6 +29,7 @@ import tensorflow as tf
 from numbaemb import initializers as ne_init
 
 from . import distributed as hvd
+from ._args import int_at_least
 from .keras_layers import Embedding
 from .lookup import embedding_lookup_sparse
 from .optimizer import DynamicEmbeddingOptimizer
@@ -42,12 +43,6 @@ _STRING_INITIALIZERS = {
     "random_normal": lambda: keras.initializers.RandomNormal(stddev=0.05),
     "zeros": keras.initializers.Zeros, "ones": keras.initializers.Ones,
 }
-
-
-def _positive(value, name):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
 
 
 def _initializer(init):
@@ -89,16 +84,16 @@ class All2AllDenseEmbedding(Embedding):
     def __init__(self, max_vocabulary_size_per_gpu, embedding_vec_size, slot_num=1,
                  nnz_per_slot=1, dynamic_input=False, use_hashtable=True, key_dtype=None,
                  embedding_initializer=None, name=None, **kwargs):
-        self.max_vocabulary_size_per_gpu = _positive(max_vocabulary_size_per_gpu,
+        self.max_vocabulary_size_per_gpu = int_at_least(max_vocabulary_size_per_gpu,
                                                      "max_vocabulary_size_per_gpu")
-        self.slot_num = _positive(slot_num, "slot_num")
-        self.nnz_per_slot = _positive(nnz_per_slot, "nnz_per_slot")
+        self.slot_num = int_at_least(slot_num, "slot_num")
+        self.nnz_per_slot = int_at_least(nnz_per_slot, "nnz_per_slot")
         self.dynamic_input = bool(dynamic_input)
         self.use_hashtable = bool(use_hashtable)
         self._sok_initializer = embedding_initializer
         for k in ("distributed", "initializer", "combiner", "embedding_size"):
             kwargs.pop(k, None)          # from_config: set by this layer itself
-        super().__init__(_positive(embedding_vec_size, "embedding_vec_size"),
+        super().__init__(int_at_least(embedding_vec_size, "embedding_vec_size"),
                          key_dtype=tf.int64 if key_dtype is None else key_dtype,
                          initializer=_initializer(embedding_initializer), name=name,
                          distributed=True, **kwargs)
@@ -201,22 +196,20 @@ class DynamicVariable(Variable):
         if mode not in (None, "distributed"):
             raise NotImplementedError(f"mode must be None or 'distributed', got {mode!r} "
                                       "(localized tables are not supported)")
-        if isinstance(init_capacity, bool) or not isinstance(init_capacity, (int, np.integer)) \
-                or init_capacity < 0:
-            raise ValueError(f"init_capacity must be an int >= 0, got {init_capacity!r}")
+        init_capacity = int_at_least(init_capacity, "init_capacity", minimum=0)
         self.var_type = var_type
         super().__init__(key_dtype=tf.int64 if key_type is None else key_type,
                          value_dtype=tf.float32 if dtype is None else dtype,
-                         dim=_positive(dimension, "dimension"),
+                         dim=int_at_least(dimension, "dimension"),
                          name=name or f"sok_dynamic_variable_{next(_NAMES)}",
                          initializer=_variable_initializer(initializer), trainable=trainable,
-                         init_size=int(init_capacity), distributed=hvd.size() > 1, **kwargs)
+                         init_size=init_capacity, distributed=hvd.size() > 1, **kwargs)
         if max_capacity:
             if self.distributed:
                 raise NotImplementedError(
                     "max_capacity on a DynamicVariable split across ranks is not supported "
                     "yet (All2AllDenseEmbedding's max_vocabulary_size_per_gpu is)")
-            self.max_keys = _positive(max_capacity, "max_capacity")
+            self.max_keys = int_at_least(max_capacity, "max_capacity")
 
     shape = property(lambda self: tf.TensorShape([None, self.dim]))
     dimension = property(lambda self: self.dim)
@@ -231,12 +224,7 @@ class DynamicVariable(Variable):
         """Training lookups (``record``) insert the absent keys with their initial rows."""
         if not record:
             return super()._np_lookup(keys, return_exists, record)
-        if self.max_keys is not None:
-            after = self.table.size() + self.table._count_new(keys)
-            if after > self.max_keys:
-                raise ValueError(f"sok.DynamicVariable {self.name!r}: this lookup would insert "
-                                 f"ids up to {after} keys, over its max_capacity of "
-                                 f"{self.max_keys} (nothing was inserted)")
+        self.table._check_room(keys, "this lookup (max_capacity)")   # keys: distinct here
         if self._pending is None:                  # rows are a function of the key
             rows = self.table.find_or_insert(keys)
         else:                                      # a callable initializer: draw, then keep

@@ -49,7 +49,7 @@ from tensorflow.python.ops.resource_variable_ops import ResourceVariable
 import numbaemb
 from jit_kernels.segment import unique_inverse
 from numbaemb import initializers as ne_init
-from numbaemb import DtypeError
+from numbaemb import DtypeError, _checks
 
 from .dlpack import from_tf, numpy_call
 from .initializers import translate
@@ -58,7 +58,7 @@ from .restrict import make_policy
 __all__ = ["Variable", "get_variable", "as_ids", "owner_of", "DynamicHandle"]
 
 
-VALUE_DTYPES = (tf.float32, tf.float64, tf.int8, tf.int32, tf.int64)
+VALUE_DTYPES = tuple(tf.as_dtype(d) for d in _checks.VALUE_DTYPES)   # numbaemb's
 
 
 def _dtype(dtype, what, allowed):
@@ -206,7 +206,8 @@ class Variable(tf.__internal__.tracking.Trackable):
     Keras layer / ``tf.Module`` holding it) saves keys, values and every extra
     column (optimizer slots) and restores them into any shard count, see
     :mod:`tf_bridge.checkpoint`.  Created in a TF1 graph, it joins the
-    ``SAVEABLE_OBJECTS`` collection: ``tf.compat.v1.train.Saver()`` saves it too.  SavedModels: use ``tf_bridge.export_for_serving``.
+    ``SAVEABLE_OBJECTS`` collection: ``tf.compat.v1.train.Saver()`` saves it too.
+    SavedModels: use ``tf_bridge.export_for_serving``.
     """
 
     _should_act_as_resource_variable = True   # tape.gradient(loss, [v]) uses v.handle
@@ -246,7 +247,7 @@ class Variable(tf.__internal__.tracking.Trackable):
         self.restrict_policy = make_policy(restrict_policy, self)   # needs self.table
         if self.checkpoint and not self.distributed and not (tf.executing_eagerly()
                                                              or tf.inside_function()):
-            from .kv_variable import saveable     # TF1 graph: tf.compat.v1.train.Saver()
+            from .checkpoint import saveable      # TF1 graph: tf.compat.v1.train.Saver()
             tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS,
                                            saveable(self))
 

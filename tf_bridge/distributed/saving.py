@@ -74,12 +74,6 @@ def _comm():
     return _dense_comm()
 
 
-def _barrier():
-    c = _comm()
-    if c is not None:
-        c.comm.Barrier()
-
-
 def _table_dir(path, i, var):
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in var.name)
     return os.path.join(os.fspath(path) + ".tables", f"{i}-{safe}")
