@@ -18,14 +18,30 @@ INT_VALUE_DTYPES = (np.dtype(np.int8), np.dtype(np.int32), np.dtype(np.int64))
 VALUE_DTYPES = FLOAT_DTYPES + INT_VALUE_DTYPES     # integer tables: id maps, counters
 
 
+# string keys (``numbaemb.string_keys``): the key dtype is numpy's object dtype, spelt
+# "string" in configs and checkpoints
+STRING = np.dtype(object)
+_STRING_NAMES = ("string", "str", "bytes", "object")
+
+
 def key_dtype(dtype) -> np.dtype:
+    """int64, int32 or :data:`STRING` (``"string"``, ``str``, ``bytes``, numpy ``S``/``U``/``O``)."""
+    if isinstance(dtype, str) and dtype.lower() in _STRING_NAMES:
+        return STRING
     try:
         dt = np.dtype(dtype)
     except TypeError:
-        raise DtypeError(f"key_dtype must be int64 or int32, got {dtype!r}") from None
+        raise DtypeError(f"key_dtype must be int64, int32 or string, got {dtype!r}") from None
+    if dt.kind in "SUO":
+        return STRING
     if dt not in KEY_DTYPES:
-        raise DtypeError(f"key_dtype must be int64 or int32, got {dt}")
+        raise DtypeError(f"key_dtype must be int64, int32 or string, got {dt}")
     return dt
+
+
+def dtype_name(dt) -> str:
+    """A key dtype's name in configs: ``"string"`` for string keys."""
+    return "string" if dt == STRING else np.dtype(dt).name
 
 
 def value_dtype(dtype) -> np.dtype:

@@ -264,7 +264,7 @@ def _variable_manifest(variable):
         raise TypeError(f"cannot checkpoint: initializer {variable.initializer!r} does not "
                         "round-trip through get_config() / numbaemb.initializers.from_config")
     part = variable.partitioner
-    return {"dim": int(variable.dim), "key_dtype": variable.key_dtype.name,
+    return {"dim": int(variable.dim), "key_dtype": _checks.dtype_name(variable.key_dtype),
             "value_dtype": variable.value_dtype.name, "num_shards": int(variable.num_shards),
             "name": variable.name, "seed": int(variable.seed), "initializer": cfg,
             "partitioner": "default" if part is None or part is default_partitioner else "custom",
@@ -278,6 +278,7 @@ def _write_archive(variable, fileobj):
                 "library_version": _library_version(),
                 "variable": _variable_manifest(variable), "shards": []}
     total = 0
+    names = [] if hasattr(variable, "names") else None     # a string table's ids
     with zipfile.ZipFile(fileobj, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
         for s, shard in enumerate(variable.shards):
             io_ = _io(shard)
@@ -286,8 +287,10 @@ def _write_archive(variable, fileobj):
                 n = int(keys.shape[0])
                 total += n
                 entry = {"size": n, "columns": [],
-                         "keys": _write_member(zf, _keys_member(s), variable.key_dtype, (n,),
-                                               _key_chunks(keys, variable.key_dtype))}
+                         "keys": _write_member(zf, _keys_member(s), variable._id_dtype, (n,),
+                                               _key_chunks(keys, variable._id_dtype))}
+                if names is not None:
+                    names.append(_host(keys).astype(np.int64))
                 for j, (name, col) in enumerate(shard.columns.items()):
                     width, dtype = int(col.data.shape[1]), np.dtype(col.data.dtype)
                     arr = _write_member(zf, _col_member(s, j), dtype, (n, width),
@@ -297,10 +300,43 @@ def _write_archive(variable, fileobj):
                 manifest["shards"].append(entry)
                 del keys, rows
         manifest["size"] = total
+        if names is not None:
+            manifest["names"] = _write_names(zf, variable, np.concatenate(names))
         info = zipfile.ZipInfo(MANIFEST, date_time=(1980, 1, 1, 0, 0, 0))
         info.external_attr = 0o644 << 16
         zf.writestr(info, json.dumps(manifest, indent=1, allow_nan=True).encode(),
                     compress_type=zipfile.ZIP_STORED)
+
+
+def _write_names(zf, variable, ids):
+    """A string table's names: ``names/ids.npy`` (int64), ``names/starts.npy`` (int64,
+    n + 1) and ``names/bytes.npy`` (uint8): string i is ``bytes[starts[i]:starts[i+1]]``."""
+    buf, starts = variable.names.state(ids)
+    step = _chunk_rows(1, 8)
+    return {name: _write_member(zf, f"names/{name}.npy", a.dtype, a.shape,
+                                (a[i:i + step] for i in range(0, max(a.shape[0], 1), step)))
+            for name, a in (("ids", ids), ("starts", starts), ("bytes", buf))}
+
+
+def _read_names(ar, v):
+    """Register the names of a string table's checkpoint in ``v`` (filled already)."""
+    path, man = ar.path, ar.manifest
+    entry = _get(man, "names", dict, path)
+    n = man.get("size")
+    ids = _read_whole(ar, _get(entry, "ids", dict, path, "names.ids"), "names.ids", np.int64, (n,))
+    starts = _read_whole(ar, _get(entry, "starts", dict, path, "names.starts"), "names.starts",
+                         np.int64, (n + 1,))
+    if starts[0] != 0 or (np.diff(starts) < 0).any():
+        raise _corrupt(path, "names.starts is not a non-decreasing sequence from 0")
+    buf = _read_whole(ar, _get(entry, "bytes", dict, path, "names.bytes"), "names.bytes",
+                      np.uint8, (int(starts[-1]),))
+    held = v._export("values")[0] if n else np.empty(0, np.int64)
+    if not np.array_equal(np.sort(ids), np.sort(held)):
+        raise _corrupt(path, "the names' ids are not the table's ids")
+    try:
+        v.names.restore(ids, buf, starts)
+    except ValueError as e:
+        raise _corrupt(path, f"bad names ({e})") from None
 
 
 def _library_version():
@@ -420,6 +456,8 @@ def _load(ar, Variable, num_shards, partitioner, device, max_hbm_bytes):
     v = make_variable(cfg, Variable, num_shards, partitioner, device, max_hbm_bytes)
     identity = v.num_shards == cfg["num_shards"] and cfg["default"] and partitioner is None
     fill(v, [ar], identity=identity)
+    if hasattr(v, "names"):
+        _read_names(ar, v)
     return v
 
 
@@ -503,7 +541,7 @@ def fill(v, archives, identity=False, keep=None):
                 raise _corrupt(path, f"shards[{s}].size is negative")
             layout = _parse_columns(path, s, entry, v.dim, v.value_dtype)
             keys = _read_whole(ar, _get(entry, "keys", dict, path, f"shards[{s}].keys"),
-                               f"shards[{s}].keys", v.key_dtype, (size,))
+                               f"shards[{s}].keys", v._id_dtype, (size,))
             total += size
             for cname, width, dt, init, _ in layout:
                 have = columns.setdefault(cname, (width, dt, init))

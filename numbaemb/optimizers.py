@@ -273,7 +273,7 @@ def apply_gradients(variable, optimizer, ids, grads, *, step, learning_rate=None
         raise NotImplementedError(f"apply_gradients runs on CPU variables only so far; "
                                   f"variable is on {variable.device}")
     step, lr = _step_and_rate(optimizer, step, learning_rate)
-    keys = _checks.as_keys(ids, variable.key_dtype, "ids")
+    keys = variable._host_keys(ids, insert=True, name="ids")
     g = _checks.as_values(grads, keys.shape, variable.dim, variable.value_dtype, "grads")
     if initial_rows is not None and assume_unique and not delta:
         init_vals, init_ok = initial_rows
@@ -296,7 +296,7 @@ def apply_gradients(variable, optimizer, ids, grads, *, step, learning_rate=None
     with variable._lock.write():
         _add_slot_columns(variable, optimizer)
         names = [optimizer.column(name) for name, _ in optimizer.slots()]
-        for shard, pos, k in variable._parts(uniq.astype(variable.key_dtype, copy=False), uniq):
+        for shard, pos, k in variable._parts(uniq.astype(variable._id_dtype, copy=False), uniq):
             fresh = w0 = None
             if init_vals is None:
                 rows, _ = shard.find_or_insert(k)
@@ -321,7 +321,7 @@ def _add_slot_columns(variable, optimizer):
 
 def _apply_delta(variable, optimizer, uniq, sums, lr, step):
     """``apply_gradients(delta=True)`` on distinct int64 ``uniq`` and their ``sums``."""
-    keys = uniq.astype(variable.key_dtype, copy=False)
+    keys = uniq.astype(variable._id_dtype, copy=False)
     slots = optimizer.slots()
     n, dim, dtype = uniq.shape[0], variable.dim, variable.value_dtype
     old = np.empty((n, dim), dtype)
@@ -363,7 +363,7 @@ def slot_values(variable, optimizer, slot_name, ids):
     if isinstance(variable, Variable) and variable.comm is not None:     # collective
         return variable._slot_values(optimizer, slot_name, ids)
     _check_slot(variable, optimizer, slot_name)
-    keys = _checks.as_keys(ids, variable.key_dtype, "ids")
+    keys = variable._host_keys(ids, name="ids")
     flat = _checks.flat_int64(keys)
     init = dict(optimizer.slots())[slot_name]
     out = np.full((flat.shape[0], variable.dim), init, variable.value_dtype)

@@ -97,11 +97,18 @@ class Variable:
     max_keys = None       # None or the most keys optimizer steps may fill the table to
 
     def __new__(cls, *args, comm=None, **kwargs):
-        if cls is Variable and comm is not None:
-            from ._mpi import size_of
-            if size_of(comm) > 1:
-                from .distributed import DistributedVariable
-                return super().__new__(DistributedVariable)
+        from ._mpi import size_of
+        string = cls is Variable and _checks.key_dtype(
+            kwargs.get("key_dtype", np.int64)) == _checks.STRING
+        if cls is Variable and comm is not None and size_of(comm) > 1:
+            if string:
+                raise ValueError("string keys (key_dtype='string') are for tables in one "
+                                 "process; a table split across MPI ranks needs int keys")
+            from .distributed import DistributedVariable
+            return super().__new__(DistributedVariable)
+        if string:
+            from .string_keys import StringVariable
+            return super().__new__(StringVariable)
         return super().__new__(cls)
 
     def __init__(self, dim, *, key_dtype=np.int64, value_dtype=np.float32, num_shards=1,
@@ -144,14 +151,21 @@ class Variable:
     # ---- helpers -------------------------------------------------------------------
     def config(self) -> dict:
         """Everything that defines the table except its contents."""
-        return dict(dim=self.dim, key_dtype=self.key_dtype.name,
+        return dict(dim=self.dim, key_dtype=_checks.dtype_name(self.key_dtype),
                     value_dtype=self.value_dtype.name, num_shards=self.num_shards,
                     partitioner=self.partitioner, name=self.name,
                     initializer=self.initializer, seed=self.seed, device=self.device,
                     max_hbm_bytes=self.max_hbm_bytes)
 
-    def _keys(self, keys):
-        keys, flat = self._arrays.keys(keys, self.key_dtype)
+    @property
+    def _id_dtype(self):
+        """The dtype of the shards' keys (a string table's shards hold int64 ids)."""
+        return self.key_dtype
+
+    def _keys(self, keys, insert=False):
+        """``(keys, flat int64)`` of the shards; ``insert``: the op may insert them (a
+        string table registers new strings then)."""
+        keys, flat = self._arrays.keys(keys, self._id_dtype)
         if self.key_range is not None and flat.shape[0]:
             lo, hi = self.key_range
             kmin, kmax = int(flat.min()), int(flat.max())
@@ -159,6 +173,11 @@ class Variable:
                 raise ValueError(f"keys must be in [{lo}, {hi}) for table {self.name!r}, got "
                                  f"min {kmin}, max {kmax}")
         return keys, flat
+
+    def _host_keys(self, keys, insert=False, name="keys"):
+        """Host ``keys`` as an array of the shards' key dtype (shape kept); string tables
+        resolve strings to ids here (``insert``: registering new ones)."""
+        return _checks.as_keys(keys, self._id_dtype, name)
 
     def _count_new(self, keys) -> int:
         """How many of the distinct ``keys`` are absent (each shard's probe-only count:
@@ -228,14 +247,18 @@ class Variable:
     def export(self, column="values"):
         """All keys (key dtype, shape (n,)) and their rows (shape (n, dim)), shard by shard."""
         with self._lock.read():
-            parts = [s.export(column) for s in self.shards]
-        keys = self._arrays.concat([p[0] for p in parts], self.key_dtype)
+            return self._export(column)
+
+    def _export(self, column):
+        """``export`` for a caller that holds the lock: shard keys (ids) and rows."""
+        parts = [s.export(column) for s in self.shards]
+        keys = self._arrays.concat([p[0] for p in parts], self._id_dtype)
         return keys, self._arrays.concat([p[1] for p in parts], parts[0][1].dtype)
 
     # ---- writes ----------------------------------------------------------------------
     def find_or_insert(self, keys, return_exists=False):
         """Like ``lookup``, but absent keys are inserted with their initial values."""
-        keys, flat = self._keys(keys)
+        keys, flat = self._keys(keys, insert=True)
         n, a = flat.shape[0], self._arrays
         out = a.empty((n, self.dim), self.value_dtype)
         exists = a.empty(n, np.bool_)
@@ -264,7 +287,7 @@ class Variable:
     def upsert(self, keys, values):
         """Insert or overwrite ``keys`` with ``values`` (shape ``keys.shape + (dim,)``).
         For a key repeated in the batch the last value wins."""
-        keys, flat = self._keys(keys)
+        keys, flat = self._keys(keys, insert=True)
         values = self._values(values, keys.shape)
         with self._lock.write():
             for shard, pos, k in self._parts(keys, flat):
@@ -274,7 +297,7 @@ class Variable:
         """Add ``new - old`` where the key is present and ``exists``; insert ``new``
         where it is absent and not ``exists``; ignore the rest (TFRA semantics,
         applied in batch order)."""
-        keys, flat = self._keys(keys)
+        keys, flat = self._keys(keys, insert=True)
         old = self._values(old_values, keys.shape, "old_values")
         new = self._values(new_values, keys.shape, "new_values")
         ex = self._arrays.exists(exists, keys.shape)
