@@ -34,18 +34,28 @@ _U8 = np.uint64(8)
 
 def pack(strings):
     """``(buf uint8, starts int64 (n + 1,))`` for a sequence / array of ``bytes``
-    (``str`` is encoded as UTF-8).  C-level loops only (``map``, ``bytes.join``)."""
+    (``str`` is encoded as UTF-8).  C-level loops only (``map``, ``bytes.join``).
+    TypeError names the types of items that are neither."""
     items = strings.tolist() if isinstance(strings, np.ndarray) else list(strings)
-    kinds = set(map(type, items))
-    if kinds == {str}:
-        items = list(map(str.encode, items))
-    elif str in kinds:
-        items = [s.encode() if isinstance(s, str) else s for s in items]   # mixed: rare
-    lens = np.fromiter(map(len, items), np.int64, len(items))
+    try:
+        joined = b"".join(items)                  # all bytes: the fast path
+    except TypeError:
+        items = _encoded(items)
+        joined = b"".join(items)
     starts = np.zeros(len(items) + 1, np.int64)
-    np.cumsum(lens, out=starts[1:])
-    buf = np.frombuffer(b"".join(items), np.uint8)
-    return buf, starts
+    np.cumsum(np.fromiter(map(len, items), np.int64, len(items)), out=starts[1:])
+    return np.frombuffer(joined, np.uint8), starts
+
+
+def _encoded(items):
+    """``items`` with ``str`` encoded as UTF-8; TypeError if any is neither."""
+    kinds = set(map(type, items))
+    bad = sorted(k.__name__ for k in kinds if not issubclass(k, (bytes, str)))
+    if bad:
+        raise TypeError(f"strings must be bytes or str, got {', '.join(bad)}")
+    if kinds == {str}:
+        return list(map(str.encode, items))
+    return [s.encode() if isinstance(s, str) else s for s in items]   # mixed: rare
 
 
 @njit(nogil=True, cache=True, inline="always")

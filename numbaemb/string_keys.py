@@ -50,13 +50,10 @@ def as_strings(keys, name="keys"):
     if arr.dtype.kind not in "SUO":
         raise _checks.DtypeError(f"{name} must hold strings (bytes or str) for a string-key "
                                  f"table, got dtype {arr.dtype}")
-    flat = arr.reshape(-1)
-    if arr.dtype.kind == "O" and flat.shape[0]:
-        kinds = set(map(type, flat.tolist()))
-        if not kinds <= {bytes, str}:
-            bad = sorted(k.__name__ for k in kinds - {bytes, str})
-            raise _checks.DtypeError(f"{name} must hold bytes or str, got {', '.join(bad)}")
-    buf, starts = pack(flat)
+    try:
+        buf, starts = pack(arr.reshape(-1))
+    except TypeError as e:
+        raise _checks.DtypeError(f"{name}: {e}") from None
     return arr.shape, buf, starts
 
 

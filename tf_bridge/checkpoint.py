@@ -48,12 +48,14 @@ an attribute of a Keras layer / ``tf.Module``)::
 For Keras ``model.save("m.keras")`` / ``keras.models.load_model``, a layer that
 owns ``de.Variable`` attributes inherits :class:`KerasTableSaving`.
 """
+import contextlib
 import json
 
 import numpy as np
 import tensorflow as tf
 
 import numbaemb
+from numbaemb import _checks
 
 __all__ = ["table_state", "restore_table_state", "KerasTableSaving", "STATE_NAMES", "saveable",
            "FORMAT"]
@@ -83,6 +85,10 @@ def _init_json(init):
 def _init_tuple(d):
     return (int(d["kind"]), float(d["a"]), float(d["b"]), int(d["seed"]),
             np.asarray(d["const"], np.float64).reshape(-1))
+
+
+def _strings(table):
+    return table.key_dtype == _checks.STRING
 
 
 def _host(table, a):
@@ -138,7 +144,9 @@ def table_state(variable) -> dict:
                 else:                       # never happens through the public APIs
                     width, dt, init = layout[name]
                     parts[name].append(_fill_initial(init, keys, width, dt))
-    keys = np.concatenate(keys_parts) if keys_parts else np.empty(0, np.int64)
+        keys = np.concatenate(keys_parts) if keys_parts else np.empty(0, np.int64)
+        # a string table's keys are its strings (ids are this process's own assignment)
+        saved_keys = table.names.strings(keys) if _strings(table) else keys.astype(table.key_dtype)
     n = keys.shape[0]
     columns, blobs, offset = [], [], 0
     for name in names[1:]:
@@ -150,13 +158,13 @@ def table_state(variable) -> dict:
                         "nbytes": nbytes, "init": _init_json(init)})
         offset += nbytes
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "dim": int(table.dim),
-            "key_dtype": table.key_dtype.name, "value_dtype": table.value_dtype.name,
+            "key_dtype": _checks.dtype_name(table.key_dtype), "value_dtype": table.value_dtype.name,
             "num_shards": int(table.num_shards), "size": int(n), "row_bytes": offset,
             "columns": columns}
     values = np.concatenate(parts["values"]).reshape(n, table.dim).astype(table.value_dtype,
                                                                           copy=False)
     column_bytes = (np.concatenate(blobs, axis=1) if blobs else np.empty((n, 0), np.uint8))
-    return {"keys": keys.astype(table.key_dtype), "values": np.ascontiguousarray(values),
+    return {"keys": saved_keys, "values": np.ascontiguousarray(values),
             "columns": json.dumps(meta), "column_bytes": np.ascontiguousarray(column_bytes)}
 
 
@@ -181,7 +189,8 @@ def _meta(columns):
 
 
 def _parse(table, state):
-    """Checked ``(keys int64 (n,), values (n, dim), [(name, width, dtype, init, data)])``."""
+    """Checked ``(keys int64 (n,), values (n, dim), [(name, width, dtype, init, data)],
+    names)``; ``names``: a string table's new name index (keys are its ids), else None."""
     if not isinstance(state, dict) or any(k not in state for k in STATE_NAMES):
         raise ValueError(f"state must be a dict with keys {list(STATE_NAMES)}, got "
                          f"{sorted(state) if isinstance(state, dict) else type(state).__name__}")
@@ -201,20 +210,30 @@ def _parse(table, state):
     values = np.asarray(state["values"])
     blob = np.asarray(state["column_bytes"])
     n = keys.shape[0] if keys.ndim == 1 else -1
-    if keys.ndim != 1 or keys.dtype.kind not in "iu" or meta.get("size") != n:
-        raise _bad(f"keys must be a 1-D integer array of {meta.get('size')} keys, got "
-                   f"{keys.dtype}{list(keys.shape)}")
+    if (meta.get("key_dtype") == "string") != _strings(table):
+        raise ValueError(f"checkpointed table has key_dtype {meta.get('key_dtype')}, the "
+                         f"restoring variable {table.name!r} has "
+                         f"{_checks.dtype_name(table.key_dtype)} (string and integer keys "
+                         "do not mix)")
+    kinds = "SUO" if _strings(table) else "iu"
+    if keys.ndim != 1 or keys.dtype.kind not in kinds or meta.get("size") != n:
+        raise _bad(f"keys must be a 1-D {'string' if _strings(table) else 'integer'} array of "
+                   f"{meta.get('size')} keys, got {keys.dtype}{list(keys.shape)}")
     if values.shape != (n, table.dim):
         raise _bad(f"values must have shape {(n, table.dim)}, got {values.shape}")
     row_bytes = meta.get("row_bytes")
     if blob.dtype != np.uint8 or blob.shape != (n, row_bytes):
         raise _bad(f"column_bytes must be uint8 of shape {(n, row_bytes)}, got "
                    f"{blob.dtype}{list(blob.shape)}")
-    key_info = np.iinfo(table.key_dtype)
-    k64 = keys.astype(np.int64)
-    if n and (k64.min() < key_info.min or k64.max() > key_info.max):
-        raise ValueError(f"checkpointed keys do not fit the restoring variable's key dtype "
-                         f"{table.key_dtype.name}")
+    names = None
+    if _strings(table):
+        k64, names = _string_ids(keys)
+    else:
+        key_info = np.iinfo(table.key_dtype)
+        k64 = keys.astype(np.int64)
+        if n and (k64.min() < key_info.min or k64.max() > key_info.max):
+            raise ValueError(f"checkpointed keys do not fit the restoring variable's key dtype "
+                             f"{table.key_dtype.name}")
     if np.unique(k64).shape[0] != n:
         raise _bad("duplicate keys")
     cols = []
@@ -228,7 +247,19 @@ def _parse(table, state):
             raise _bad(f"bad column entry {c!r}")
         data = np.ascontiguousarray(blob[:, off:off + nb]).view(dt).reshape(n, width)
         cols.append((name, width, dt, init, data))
-    return k64, values.astype(table.value_dtype, copy=False), cols
+    return k64, values.astype(table.value_dtype, copy=False), cols, names
+
+
+def _string_ids(keys):
+    """``(ids, names)``: int64 ids of the checkpoint's strings, assigned in a fresh name
+    index ``names`` (the table takes it on restore: ids are each process's own)."""
+    from numbaemb.string_keys import StringKeys, as_strings
+    try:
+        _, buf, starts = as_strings(keys, "keys")
+    except TypeError as e:
+        raise _bad(str(e)) from None
+    names = StringKeys()
+    return names.resolve(buf, starts, insert=True)[0], names
 
 
 def restore_table_state(variable, state):
@@ -257,20 +288,23 @@ def restore_table_state(variable, state):
                                   "yet; restore into a CPU table")
     state = {k: (v.numpy() if isinstance(v, (tf.Tensor, tf.Variable)) else v)
              for k, v in state.items()} if isinstance(state, dict) else state
-    keys, values, cols = _parse(table, state)
+    keys, values, cols, names = _parse(table, state)
     for name, width, dt, _, _ in cols:
         for shard in table.shards:
             have = shard.columns.get(name)
             if have is not None and (have.data.shape[1] != width or have.data.dtype != dt):
                 raise ValueError(f"column {name!r} is {dt}[{width}] in the checkpoint but "
                                  f"{have.data.dtype}[{have.data.shape[1]}] in {table.name!r}")
-    with table._lock.write():
+    # a string table's registrations and row writes are serialized by its _mutate lock
+    with getattr(table, "_mutate", contextlib.nullcontext()), table._lock.write():
         for shard in table.shards:
             shard.clear()
             for name, width, dt, init, _ in cols:
                 if name not in shard.columns:
                     shard.add_column(name, width, dt, init)
-        typed = keys.astype(table.key_dtype)
+        if names is not None:
+            table.names = names
+        typed = keys.astype(table._id_dtype)
         for shard, pos, k in table._parts(typed, keys):
             rows, _ = shard.find_or_insert(k)      # every column gets its initial value
             shard.columns["values"].data[rows] = values if pos is None else values[pos]
@@ -445,7 +479,9 @@ class KerasTableSaving:
 
     Store entries: ``"0"``, ``"1"``, ... the layer's Keras weights (as Keras
     does), ``"de:<attribute>:keys"`` etc. for each table (the JSON description
-    as a uint8 array of UTF-8 bytes).
+    as a uint8 array of UTF-8 bytes); a string-key table's keys go as
+    ``"de:<attribute>:key_bytes"`` (uint8, the strings back to back) and
+    ``"de:<attribute>:keys"`` (int64 ``(n + 1,)``, where each starts).
     """
 
     def save_own_variables(self, store):
@@ -466,6 +502,10 @@ class KerasTableSaving:
             else:
                 state = table_state(var)
             state["columns"] = np.frombuffer(state["columns"].encode("utf-8"), np.uint8)
+            if state["keys"].dtype.kind in "OSU":      # string keys: bytes + starts (n + 1,)
+                from jit_kernels.strings import pack
+                buf, state["keys"] = pack(state["keys"])
+                store[_store_key(attr, "key_bytes")] = buf
             for name in STATE_NAMES:
                 store[_store_key(attr, name)] = state[name]
 
@@ -482,4 +522,13 @@ class KerasTableSaving:
                                  f"no table for attribute {attr!r}")
             state = {n: np.asarray(store[k]) for n, k in names.items()}
             state["columns"] = state["columns"].astype(np.uint8).tobytes().decode("utf-8")
+            if _store_key(attr, "key_bytes") in keys:
+                from numbaemb.string_keys import split_bytes
+                buf = np.asarray(store[_store_key(attr, "key_bytes")]).astype(np.uint8)
+                starts = state["keys"].astype(np.int64)
+                if (starts.ndim != 1 or not starts.shape[0] or starts[0] != 0
+                        or (np.diff(starts) < 0).any() or starts[-1] != buf.shape[0]):
+                    raise ValueError(f"layer {getattr(self, 'name', '?')!r}: the saved string "
+                                     f"keys of table {var.name!r} are corrupt")
+                state["keys"] = split_bytes(buf, starts)
             _restore_owned(var, state)          # split tables keep this rank's keys

@@ -6,6 +6,8 @@
   buffer (counted in ``STATS``); ``tf.experimental.dlpack.from_dlpack`` never
   sees anything else.  TF takes only the unversioned capsule (``__dlpack__()``).
 * ``from_tf(tensor)``: ``tf.Tensor`` -> read-only numpy view (``np.from_dlpack``).
+  String tensors (no DLPack for them) come and go as object arrays of ``bytes``,
+  copied.
 * ``numpy_call(fn, inputs, tout)``: run a numpy function on tensors; eagerly it
   goes through DLPack, inside ``tf.function`` through ``tf.numpy_function``
   (which hands its inputs over without a copy and keeps 64-byte aligned
@@ -63,6 +65,8 @@ def aligned(array) -> np.ndarray:
     """``array`` itself when it is 64-byte aligned, C-contiguous and writable (or empty),
     else an aligned copy (counted as a copy in ``STATS.to_tf_copies``)."""
     arr = np.asarray(array)
+    if arr.dtype.kind in "OSU":      # strings: TF copies them whatever we do
+        return arr
     _count("to_tf")
     if arr.size == 0 or (arr.flags.c_contiguous and arr.flags.writeable and is_aligned(arr)):
         return arr
@@ -78,6 +82,8 @@ def to_tf(array) -> tf.Tensor:
     The tensor keeps the buffer alive; do not write to ``array`` afterwards.
     """
     arr = aligned(array)
+    if arr.dtype.kind in "OSU":      # strings (bytes): no DLPack for them, TF copies
+        return tf.constant(arr, tf.string)
     if arr.size == 0:              # no buffer to share (and numpy's may be unaligned)
         return tf.zeros(arr.shape, tf.as_dtype(arr.dtype))
     assert arr.ctypes.data % 64 == 0 and arr.flags.c_contiguous
@@ -95,6 +101,8 @@ def from_tf(tensor) -> np.ndarray:
         tensor = tensor.read_value()
     if not isinstance(tensor, tf.Tensor):
         return np.asarray(tensor)
+    if tensor.dtype == tf.string:    # no DLPack for strings: an object array of bytes
+        return tensor.numpy()
     _count("from_tf")
     if "CPU" not in tensor.device.upper():
         _count("from_tf_copies")

@@ -45,7 +45,8 @@ The SavedModel holds:
   flat values) and ``x_row_splits`` (``x_row_splits_1``, ... for inner ragged
   dimensions); outputs are ``output_0``, ... (or the model's dict keys).
 * ``tables``: a dict ``table name -> ServingTable``; ``lookup_<name>(ids)``
-  tf.functions (ids: int64 of any shape -> ``ids.shape + [dim]``).
+  tf.functions (ids: int64 of any shape, or strings for a string-key table ->
+  ``ids.shape + [dim]``).
 """
 import contextlib
 import re
@@ -372,8 +373,9 @@ def _export(model, path, call, signature, signatures, options, sources):
                        if key in freezer.used}
         for name, table in root.tables.items():
             setattr(root, f"lookup_{name}",
-                    tf.function(table.lookup, input_signature=[tf.TensorSpec(None, tf.int64)],
-                                autograph=False))
+                    tf.function(table.lookup, input_signature=[
+                        tf.TensorSpec(None, tf.string if table.strings else tf.int64)],
+                        autograph=False))
         root.model_variables = [v for c in concretes for v in c.variables]
         root.model_resources = _captured_resources(model, concretes)
         root.serve = serve

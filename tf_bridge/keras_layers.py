@@ -41,7 +41,7 @@ from . import mode
 from .checkpoint import KerasTableSaving
 from .lookup import unique_lookup
 from .restrict import FrequencyRestrictPolicy, TimestampRestrictPolicy
-from .variable import DynamicHandle, Variable, as_ids, owner_of, unwrapped_optimizer_error
+from .variable import DynamicHandle, Variable, owner_of, unwrapped_optimizer_error
 
 __all__ = ["Embedding"]
 
@@ -72,7 +72,8 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
 
     Args:
       embedding_size: row width ``dim``.
-      key_dtype: ``tf.int64`` (default) or ``tf.int32``.
+      key_dtype: ``tf.int64`` (default), ``tf.int32`` or ``tf.string`` (string ids,
+        e.g. raw feature values; see ``de.Variable``).
       value_dtype: ``tf.float32`` (default) or ``tf.float64``.
       combiner: None (default: ``ids.shape + [dim]``) or "sum" / "mean" / "sqrtn" over
         the last id axis (``ids.shape[:-1] + [dim]``); needed for ``tf.SparseTensor`` ids.
@@ -143,7 +144,7 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
             return self._call_sparse(inputs, training)
         if isinstance(inputs, tf.RaggedTensor):
             return self._call_ragged(inputs, training)
-        ids = as_ids(inputs, "inputs")
+        ids = self.params.keys_in(inputs, "inputs")
         if self.combiner is not None and ids.shape.rank == 0:
             raise ValueError(f"combiner {self.combiner!r} needs ids of rank >= 1, got a scalar")
         return self._combine(self._rows(ids, training))
@@ -179,7 +180,7 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
         if rank is not None and rank < 2:
             raise ValueError(f"a tf.SparseTensor input must have rank >= 2 (rows, ids), got "
                              f"shape {sp.shape}")
-        rows = self._rows(as_ids(sp.values, "inputs"), training)           # (nnz, dim)
+        rows = self._rows(self.params.keys_in(sp.values, "inputs"), training)           # (nnz, dim)
         outer = sp.dense_shape[:-1]                           # one output row per index prefix
         strides = tf.math.cumprod(outer, exclusive=True, reverse=True)
         segments = tf.reduce_sum(sp.indices[:, :-1] * strides, axis=1)
@@ -190,7 +191,7 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
         return out
 
     def _call_ragged(self, rt, training):
-        rows = self._rows(as_ids(rt.flat_values, "inputs"), training)
+        rows = self._rows(self.params.keys_in(rt.flat_values, "inputs"), training)
         if self.combiner is None:                        # ragged rows: (B, None, ..., dim)
             return rt.with_flat_values(rows)
         if rt.flat_values.shape.rank != 1:               # the ids axis is uniform: dense math

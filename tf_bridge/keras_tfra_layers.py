@@ -20,7 +20,6 @@ import tensorflow as tf
 
 from ._args import int_at_least
 from .keras_layers import COMBINERS, Embedding
-from .variable import as_ids
 
 __all__ = ["SquashedEmbedding", "FieldWiseEmbedding", "HvdAllToAllEmbedding"]
 
@@ -30,9 +29,10 @@ _REDUCE = {"sum": tf.reduce_sum, "mean": tf.reduce_mean, "min": tf.reduce_min,
 
 def _dense_ids(inputs, layer):
     if isinstance(inputs, (tf.SparseTensor, tf.RaggedTensor)):
-        raise TypeError(f"{layer} takes dense ids, got a {type(inputs).__name__}; use "
-                        "Embedding(combiner=...) for sparse or ragged ids")
-    return as_ids(inputs, "inputs")
+        raise TypeError(f"{type(layer).__name__} takes dense ids, got a "
+                        f"{type(inputs).__name__}; use Embedding(combiner=...) for sparse or "
+                        "ragged ids")
+    return layer.params.keys_in(inputs, "inputs")
 
 
 class _DenseOutput(Embedding):
@@ -56,7 +56,7 @@ class SquashedEmbedding(_DenseOutput):
         self.squash = combiner
 
     def call(self, inputs, training=None):
-        ids = _dense_ids(inputs, "SquashedEmbedding")
+        ids = _dense_ids(inputs, self)
         rank = ids.shape.rank
         if rank is None or rank == 0:
             raise ValueError(f"SquashedEmbedding needs ids of known rank >= 1, got {ids.shape}")
@@ -102,7 +102,7 @@ class FieldWiseEmbedding(_DenseOutput):
         self.nslots, self.slot_map_fn = nslots, slot_map_fn
 
     def call(self, inputs, training=None):
-        ids = _dense_ids(inputs, "FieldWiseEmbedding")
+        ids = _dense_ids(inputs, self)
         if ids.shape.rank not in (1, 2):
             raise ValueError(f"FieldWiseEmbedding takes ids of shape (batch,) or (batch, n), "
                              f"got {ids.shape}")

@@ -35,7 +35,7 @@ from numbaemb._memory import BufferPool
 
 from . import mode
 from .dlpack import from_tf, numpy_call, to_tf
-from .variable import _SERVING, Variable, as_ids
+from .variable import _SERVING, Variable
 
 __all__ = ["embedding_lookup", "embedding_lookup_unique", "embedding_lookup_sparse",
            "safe_embedding_lookup_sparse", "unique_lookup", "sum_by_key", "is_distinct"]
@@ -77,6 +77,10 @@ def _check_params(params):
                         f"{type(params).__name__}")
 
 
+def _first(params):
+    return params[0] if isinstance(params, (list, tuple)) else params
+
+
 def _single(params):
     """A one-element list of variables is its variable (as in ``tf.nn``)."""
     return params[0] if isinstance(params, (list, tuple)) and len(params) == 1 else params
@@ -84,11 +88,15 @@ def _single(params):
 
 def _split_lookup(params, ids, max_norm):
     """Rows of ``ids`` from a list of N variables: id ``k`` lives in ``params[k mod N]``
-    (floor mod, so negative ids too), under its own key (ids are keys, not row numbers,
+    (floor mod, so negative ids too; a string in ``params[fingerprint mod N]``, the
+    fingerprint of ``tf.strings.to_hash_bucket_fast``), under its own key (ids are keys, not row numbers,
     so TF's ``partition_strategy`` has no meaning here).  Differentiable per variable."""
     n = len(params)
     flat = tf.reshape(ids, [-1])
-    part = tf.cast(tf.math.floormod(flat, tf.cast(n, flat.dtype)), tf.int32)
+    if flat.dtype == tf.string:          # string keys: by fingerprint (the level-0 id) mod n
+        part = tf.cast(tf.strings.to_hash_bucket_fast(flat, n), tf.int32)
+    else:
+        part = tf.cast(tf.math.floormod(flat, tf.cast(n, flat.dtype)), tf.int32)
     pieces = tf.dynamic_partition(flat, part, n)
     positions = tf.dynamic_partition(tf.range(tf.size(flat)), part, n)
     rows = [embedding_lookup(p, piece, max_norm=max_norm) for p, piece in zip(params, pieces)]
@@ -98,7 +106,8 @@ def _split_lookup(params, ids, max_norm):
 
 def embedding_lookup(params, ids, partition_strategy=None, name=None, validate_indices=None,
                      max_norm=None, return_trainable=False):
-    """Rows of ``ids`` (int64/int32, any shape) as ``ids.shape + [dim]``.
+    """Rows of ``ids`` (int64/int32, any shape; ``tf.string`` for a string-key table) as
+    ``ids.shape + [dim]``.
 
     Differentiable in train mode when ``params.trainable``; ``max_norm`` clips each
     row's L2 norm (as ``tf.nn.embedding_lookup``).  ``partition_strategy`` and
@@ -111,7 +120,7 @@ def embedding_lookup(params, ids, partition_strategy=None, name=None, validate_i
     """
     _check_params(params)
     params = _single(params)
-    ids = as_ids(ids, "ids")
+    ids = _first(params).keys_in(ids, "ids")
     if isinstance(params, (list, tuple)):
         with tf.name_scope(name or "embedding_lookup"):
             emb = _split_lookup(params, ids, max_norm)
@@ -158,12 +167,15 @@ def unique_lookup(params, ids, handle=None):
             return params._lookup(ids, False, record=True), grad
         return plain(ids, handle)
 
-    key_np, dim = params.key_dtype.as_numpy_dtype, params.dim
+    key_np, dim = params.id_dtype.as_numpy_dtype, params.dim
+    strings = params.string_keys
     # kernel initializers: rows are f(key); a distributed table's owners draw them themselves
     stash = train and params._pending is None and not params.distributed
 
     def forward(keys):
         flat = keys.reshape(-1)
+        if strings:                      # their ids; training registers new strings
+            flat = params.table.ids(flat, insert=train)
         n = flat.shape[0]
         uniq, inverse = unique_inverse(flat, out=(aligned_empty(n, np.int64),
                                                   aligned_empty(n, np.int64)))
@@ -182,7 +194,7 @@ def unique_lookup(params, ids, handle=None):
         out = forward(from_tf(ids))
         rows, rest = to_tf(out[0]), out[1:]
     else:
-        tout = [params.value_dtype] + ([params.key_dtype, tf.int64] if train else [])
+        tout = [params.value_dtype] + ([params.id_dtype, tf.int64] if train else [])
         rows, *rest = numpy_call(forward, [ids], tout, name="unique_lookup",
                                  collective=params.distributed)
 
@@ -291,7 +303,7 @@ def _segment_sums(params, keys, inverse, values, every):
 
     ``every``: every key has at least one row (skip the check); otherwise keys without
     a row are dropped, so they are not trained with a zero gradient."""
-    key_np, dim = params.key_dtype.as_numpy_dtype, params.dim
+    key_np, dim = params.id_dtype.as_numpy_dtype, params.dim
 
     def sums_of(k, inv, vals):
         out = _pool(params).empty((k.shape[0], dim), vals.dtype)
@@ -313,7 +325,7 @@ def _segment_sums(params, keys, inverse, values, every):
             return keys_out, out
 
         keys_out, sums = numpy_call(run, [keys, inverse, values],
-                                    [params.key_dtype, values.dtype], name="sum_by_key")
+                                    [params.id_dtype, values.dtype], name="sum_by_key")
         keys_out.set_shape([None])
     sums.set_shape([None, dim])
     return tf.IndexedSlices(sums, _mark_distinct(keys_out))
@@ -328,6 +340,8 @@ def sum_by_key(params, ids, dy, distinct=None):
     skip the unique pass: a dense ``dy`` is the answer as it is, an IndexedSlices one
     is summed by its indices.
     """
+    if ids.dtype == tf.string:           # a string table's keys: their (registered) ids
+        ids = params.ids(ids, insert=True)
     flat = tf.reshape(ids, [-1])
     if distinct is None:
         distinct = is_distinct(ids)
@@ -343,7 +357,7 @@ def sum_by_key(params, ids, dy, distinct=None):
         else:
             dy = tf.convert_to_tensor(dy)
     dy = tf.reshape(dy, [-1, params.dim])
-    key_np = params.key_dtype.as_numpy_dtype
+    key_np = params.id_dtype.as_numpy_dtype
 
     def run(keys, grads):
         n = keys.shape[0]
@@ -353,7 +367,7 @@ def sum_by_key(params, ids, dy, distinct=None):
         segment_sum_into(np.ascontiguousarray(grads), inverse, out, numba.get_num_threads())
         return uniq.astype(key_np, copy=False), out
 
-    keys, sums = numpy_call(run, [flat, dy], [params.key_dtype, dy.dtype], name="sum_by_key")
+    keys, sums = numpy_call(run, [flat, dy], [params.id_dtype, dy.dtype], name="sum_by_key")
     keys.set_shape([None])
     sums.set_shape([None, params.dim])
     return tf.IndexedSlices(sums, _mark_distinct(keys))
@@ -367,7 +381,7 @@ def embedding_lookup_unique(params, ids, partition_strategy=None, name=None,
     if isinstance(params, (list, tuple)):
         return embedding_lookup(params, ids, name=name or "embedding_lookup_unique",
                                 max_norm=max_norm, return_trainable=return_trainable)
-    ids = as_ids(ids, "ids")
+    ids = params.keys_in(ids, "ids")
     with tf.name_scope(name or "embedding_lookup_unique"):
         train = mode.is_training() and params.trainable
         emb = unique_lookup(params, ids, params.trainable_handle.value() if train else None)
@@ -404,7 +418,7 @@ def _check_sparse(params, sp_ids, sp_weights, combiner):
     _check_params(params)
     if combiner not in COMBINERS:
         raise ValueError(f"combiner must be one of {COMBINERS}, got {combiner!r}")
-    ids = as_ids(_values(sp_ids, "sp_ids"), "sp_ids")
+    ids = _first(params).keys_in(_values(sp_ids, "sp_ids"), "sp_ids")
     if sp_weights is not None:
         if type(sp_weights) is not type(sp_ids):
             raise TypeError(f"sp_weights must be None or a {type(sp_ids).__name__} like sp_ids, "

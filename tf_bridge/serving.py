@@ -32,16 +32,20 @@ class ServingTable(tf.Module):
         host = getattr(getattr(variable, "_arrays", None), "host", np.asarray)   # GPU tables
         keys, rows = np.asarray(host(keys)), np.asarray(host(rows))
         self.dim = int(variable.dim)
-        self.key_dtype = tf.as_dtype(variable.key_dtype)
+        self.strings = keys.dtype.kind in "OSU"
+        self.key_dtype = tf.string if self.strings else tf.as_dtype(variable.key_dtype)
         self.value_dtype = tf.as_dtype(variable.value_dtype)
         self._init = variable.initializer.params(variable.dim, variable.seed)
-        keys64 = keys.astype(np.int64)
-        index = np.arange(keys64.shape[0], dtype=np.int64)
-        if not keys64.shape[0]:  # TF refuses empty tables; key 0 -> -1 means "absent" anyway
-            keys64, index = np.zeros(1, np.int64), np.full(1, -1, np.int64)
+        keys = keys if self.strings else keys.astype(np.int64)
+        index = np.arange(keys.shape[0], dtype=np.int64)
+        if not keys.shape[0]:    # TF refuses empty tables; a key -> -1 means "absent" anyway
+            keys = np.array([b""], object) if self.strings else np.zeros(1, np.int64)
+            index = np.full(1, -1, np.int64)
             rows = np.zeros((1, self.dim), rows.dtype)   # gather needs a row to read
         self.table = tf.lookup.StaticHashTable(
-            tf.lookup.KeyValueTensorInitializer(tf.constant(keys64), tf.constant(index)),
+            tf.lookup.KeyValueTensorInitializer(tf.constant(keys, self.key_dtype if
+                                                            self.strings else tf.int64),
+                                                tf.constant(index)),
             default_value=-1)
         self.rows = tf.Variable(rows.reshape(-1, self.dim), trainable=False, name="rows")
 
@@ -49,16 +53,26 @@ class ServingTable(tf.Module):
         return self.lookup(ids)
 
     def lookup(self, ids, return_exists=False):
-        """Rows ``ids.shape + [dim]`` of int ``ids`` (any shape); with ``return_exists``
-        also a bool tensor ``ids.shape`` telling which ids the table holds."""
+        """Rows ``ids.shape + [dim]`` of int ``ids`` (any shape; strings for a string-key
+        table); with ``return_exists`` also a bool tensor ``ids.shape`` telling which ids
+        the table holds.
+
+        Unknown strings get the initializer's value of their level-0 id (the
+        fingerprint ``tf.strings.to_hash_bucket_fast(s, 2**63 - 1)``): what training
+        gives them too, unless another string already holds that id (chance about
+        ``size / 2**63``)."""
         ids = tf.convert_to_tensor(ids)
-        if not ids.dtype.is_integer:
-            raise TypeError(f"ids must be an integer tensor, got {ids.dtype.name}")
-        flat = tf.reshape(tf.cast(ids, tf.int64), [-1])
+        if self.strings != (ids.dtype == tf.string) or not (self.strings or ids.dtype.is_integer):
+            raise TypeError(f"ids must be a {'string' if self.strings else 'integer'} tensor, "
+                            f"got {ids.dtype.name}")
+        flat = tf.reshape(ids if self.strings else tf.cast(ids, tf.int64), [-1])
         idx = self.table.lookup(flat)
         out = tf.gather(self.rows, tf.maximum(idx, 0))
         miss = tf.where(idx < 0)
-        defaults = init_values(tf.gather_nd(flat, miss), self.dim, self._init, self.value_dtype)
+        absent = tf.gather_nd(flat, miss)
+        if self.strings:
+            absent = tf.strings.to_hash_bucket_fast(absent, 2 ** 63 - 1)
+        defaults = init_values(absent, self.dim, self._init, self.value_dtype)
         out = tf.tensor_scatter_nd_update(out, miss, defaults)
         out = tf.reshape(out, tf.concat([tf.shape(ids), [self.dim]], 0))
         out.set_shape(ids.shape.concatenate([self.dim]))

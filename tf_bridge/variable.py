@@ -55,7 +55,7 @@ from .dlpack import from_tf, numpy_call
 from .initializers import translate
 from .restrict import make_policy
 
-__all__ = ["Variable", "get_variable", "as_ids", "owner_of", "DynamicHandle"]
+__all__ = ["Variable", "get_variable", "as_ids", "as_string_keys", "owner_of", "DynamicHandle"]
 
 
 VALUE_DTYPES = tuple(tf.as_dtype(d) for d in _checks.VALUE_DTYPES)   # numbaemb's
@@ -86,6 +86,27 @@ def as_ids(ids, name="ids"):
     if ids.dtype not in (tf.int64, tf.int32):
         raise DtypeError(f"{name} must be an int64 or int32 tensor, got {ids.dtype.name}")
     return ids
+
+
+def as_string_keys(keys, name="keys"):
+    """``keys`` as a ``tf.string`` tensor of any shape (a string-key table's keys: a
+    string tensor, or ``bytes`` / ``str`` values); TypeError otherwise."""
+    if isinstance(keys, (tf.SparseTensor, tf.RaggedTensor)):
+        raise TypeError(f"{name} must be a dense tensor; use embedding_lookup_sparse for "
+                        f"{type(keys).__name__}")
+    if not isinstance(keys, (tf.Tensor, tf.Variable)):
+        arr = np.asarray(keys, dtype=object if isinstance(keys, (list, tuple)) else None)
+        if arr.size == 0:
+            return tf.constant(np.empty(arr.shape, object), tf.string)
+        if arr.dtype.kind not in "OSU" or (arr.dtype.kind == "O" and not all(
+                isinstance(x, (bytes, str)) for x in arr.reshape(-1).tolist())):
+            raise DtypeError(f"{name} must hold strings (bytes or str) for a string-key table, "
+                             f"got {arr.dtype if arr.dtype.kind != 'O' else 'other objects'}")
+        keys = tf.constant(arr, tf.string)
+    if keys.dtype != tf.string:
+        raise DtypeError(f"{name} must be a tf.string tensor for a string-key table, got "
+                         f"{keys.dtype.name}")
+    return keys
 
 
 def _as_real(values, name, dtype):
@@ -173,7 +194,8 @@ class Variable(tf.__internal__.tracking.Trackable):
     """A dynamic embedding table ``key -> row of dim values`` (TFRA's signature).
 
     Args:
-      key_dtype: ``tf.int64`` (default) or ``tf.int32``.
+      key_dtype: ``tf.int64`` (default), ``tf.int32`` or ``tf.string`` (keys are
+        strings, stored under int64 ids: see :mod:`numbaemb.string_keys`; one process).
       value_dtype: ``tf.float32`` (default) or ``tf.float64``; ``tf.int8`` / ``tf.int32`` /
         ``tf.int64`` for tables that are read and written but not trained (id maps,
         counters: lookups are plain reads, optimizers refuse them).
@@ -221,7 +243,7 @@ class Variable(tf.__internal__.tracking.Trackable):
             raise ValueError("kv_creator must be None: tables are numbaemb shards in host memory")
         if not isinstance(name, str) or not name:
             raise TypeError(f"name must be a non-empty str, got {name!r}")
-        self.key_dtype = _dtype(key_dtype, "key_dtype", (tf.int64, tf.int32))
+        self.key_dtype = _dtype(key_dtype, "key_dtype", (tf.int64, tf.int32, tf.string))
         self.value_dtype = _dtype(value_dtype, "value_dtype", VALUE_DTYPES)
         self.initializer = translate(initializer)
         kernel_init = isinstance(self.initializer, ne_init.Initializer)
@@ -230,7 +252,9 @@ class Variable(tf.__internal__.tracking.Trackable):
         # integer tables (id maps, counters) are read and written, never trained
         self.trainable = bool(trainable) and self.value_dtype.is_floating
         self.checkpoint, self.bp_v2 = bool(checkpoint), bool(bp_v2)
-        opts = dict(key_dtype=self.key_dtype.as_numpy_dtype, value_dtype=self.value_dtype.as_numpy_dtype)
+        string = self.key_dtype == tf.string
+        opts = dict(key_dtype="string" if string else self.key_dtype.as_numpy_dtype,
+                    value_dtype=self.value_dtype.as_numpy_dtype)
         comm = _distributed_comm(distributed, kernel_init, restrict_policy, initializer)
         self.table = numbaemb.Variable(
             dim, num_shards=len(self.devices) if num_shards is None else num_shards,
@@ -239,7 +263,8 @@ class Variable(tf.__internal__.tracking.Trackable):
         self.distributed = self.table.comm is not None     # split across more than one rank
         # callable initializers: initial rows handed out by training lookups, kept until
         # an optimizer step inserts them (insert_initial_values), so it trains what the loss saw
-        self._pending = None if kernel_init else numbaemb.Variable(dim, **opts)
+        self._pending = None if kernel_init else numbaemb.Variable(
+            dim, **dict(opts, key_dtype=self.id_dtype.as_numpy_dtype))
         with tf.init_scope():
             self.trainable_handle = _TableHandle(tf.zeros((1, self.dim), self.value_dtype),
                                                  trainable=self.trainable, name=f"{name}_handle")
@@ -257,6 +282,28 @@ class Variable(tf.__internal__.tracking.Trackable):
     dtype = property(lambda self: self.value_dtype)
     handle = property(lambda self: self.trainable_handle.handle,
                       doc="The trainable handle's resource: what the tape differentiates.")
+    string_keys = property(lambda self: self.key_dtype == tf.string,
+                           doc="Whether keys are strings (``key_dtype=tf.string``).")
+    id_dtype = property(lambda self: tf.int64 if self.string_keys else self.key_dtype,
+                        doc="The dtype of the ids rows are stored under (gradient "
+                            "indices): the key dtype, int64 for string keys.")
+
+    def keys_in(self, keys, name="keys"):
+        """``keys`` checked for this table: an int tensor (:func:`as_ids`), or a
+        ``tf.string`` tensor for a string-key table (:func:`as_string_keys`)."""
+        return as_string_keys(keys, name) if self.string_keys else as_ids(keys, name)
+
+    def ids(self, keys, insert=False, name=None):
+        """int64 ids (``keys.shape``) of a string-key table's ``keys``: the ids its rows are
+        stored under (gradient indices are ids); an absent string gets the id it would
+        be inserted under (``insert`` registers it).  Int tables: ``keys`` themselves."""
+        keys = self.keys_in(keys, "keys")
+        if not self.string_keys:
+            return keys
+        out, = numpy_call(lambda k: (self.table.ids(k, insert),), [keys], [tf.int64],
+                          name=name or "string_ids")
+        out.set_shape(keys.shape)
+        return out
 
     @property
     def _unique_id(self):
@@ -278,7 +325,7 @@ class Variable(tf.__internal__.tracking.Trackable):
     def lookup(self, keys, return_exists=False, name=None):
         """Rows of ``keys`` (any shape) as ``keys.shape + [dim]``; absent keys get their
         initial value and are not inserted.  With ``return_exists`` also a bool tensor."""
-        return self._lookup(as_ids(keys, "keys"), return_exists, record=False, name=name)
+        return self._lookup(self.keys_in(keys, "keys"), return_exists, record=False, name=name)
 
     def _lookup(self, keys, return_exists, record, name=None):
         serve = getattr(_SERVING, "hook", None)
@@ -305,6 +352,8 @@ class Variable(tf.__internal__.tracking.Trackable):
                             "ValueError and applies nothing.")
 
     def _np_lookup(self, keys, return_exists, record):
+        if keys.dtype.kind not in "iu":          # strings: their ids (nothing registered)
+            keys = self.table.ids(keys)
         rows, exists = self.table.lookup(keys, return_exists=True)
         if self._pending is not None and not exists.all():
             self._fill_missing(keys, rows, exists, record)
@@ -363,11 +412,11 @@ class Variable(tf.__internal__.tracking.Trackable):
 
     def _forget(self, keys):
         if self._pending is not None:
-            self._pending.remove(keys)
+            self._pending.remove(self.table.ids(keys) if self.string_keys else keys)
 
     def upsert(self, keys, values, name=None):
         """Insert or overwrite ``keys`` with ``values`` (``keys.shape + [dim]``)."""
-        keys = as_ids(keys, "keys")
+        keys = self.keys_in(keys, "keys")
         values = _as_real(values, "values", self.value_dtype)
         _check_shape(values, keys.shape.concatenate([self.dim]), "values", "keys.shape + [dim]")
         self._write(lambda k, v: (self.table.upsert(k, v), self._forget(k)), [keys, values], name)
@@ -375,7 +424,7 @@ class Variable(tf.__internal__.tracking.Trackable):
     def accum(self, keys, old_values, new_values, exists, name=None):
         """TFRA accum: add ``new - old`` where the key exists and ``exists``; insert
         ``new`` where it is absent and not ``exists``; ignore the rest."""
-        keys = as_ids(keys, "keys")
+        keys = self.keys_in(keys, "keys")
         want = keys.shape.concatenate([self.dim])
         old = _as_real(old_values, "old_values", self.value_dtype)
         new = _as_real(new_values, "new_values", self.value_dtype)
@@ -390,7 +439,7 @@ class Variable(tf.__internal__.tracking.Trackable):
 
     def remove(self, keys, name=None):
         """Remove ``keys``; absent keys are ignored."""
-        self._write(lambda k: (self.table.remove(k), self._forget(k)), [as_ids(keys, "keys")], name)
+        self._write(lambda k: (self.table.remove(k), self._forget(k)), [self.keys_in(keys, "keys")], name)
 
     def clear(self, name=None):
         """Remove every key."""

@@ -30,6 +30,14 @@ def test_a_plain_variable_is_not_distributed():
     agree(v.size() == 10 * WORLD)
     agree(type(ne.Variable(2, comm=COMM.Split(RANK, 0))) is ne.Variable, "1-rank comm")
 
+    one = ne.Variable(2, key_dtype="string", comm=COMM.Split(RANK, 0))     # one rank: fine
+    agree(type(one).__name__ == "StringVariable", "1-rank string table")
+
+
+def test_string_keys_are_refused_on_a_split_table():
+    with pytest.raises(ValueError, match="string keys .* one process"):
+        ne.Variable(2, key_dtype="string", comm=COMM)
+
 
 @pytest.mark.parametrize("op", ["lookup", "find_or_insert", "upsert", "accum", "remove",
                                 "apply_gradients"])
