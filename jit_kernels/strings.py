@@ -245,25 +245,38 @@ def deep_ids(buf, starts, which, level):
     return out
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _equal_one(buf, starts, i, arena, a, n):
+    s = starts[i]
+    if starts[i + 1] - s != n:
+        return False
+    for p in range(n):
+        if buf[s + p] != arena[a + p]:
+            return False
+    return True
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def _equal_par(buf, starts, which, arena, spans, exists, out):
+    for j in prange(which.shape[0]):
+        out[j] = exists[j] and _equal_one(buf, starts, which[j], arena, spans[j, 0], spans[j, 1])
+
+
 @njit(nogil=True, cache=True)
+def _equal_ser(buf, starts, which, arena, spans, exists, out):
+    for j in range(which.shape[0]):
+        out[j] = exists[j] and _equal_one(buf, starts, which[j], arena, spans[j, 0], spans[j, 1])
+
+
+EQUAL_PARALLEL_MIN = 1 << 13    # a cache miss per string: threads pay off early
+
+
 def equal_to(buf, starts, which, arena, spans, exists):
     """For each ``j``: string ``which[j]`` equals ``arena[spans[j, 0]:][:spans[j, 1]]``
-    (and ``exists[j]``)."""
-    out = np.zeros(which.shape[0], np.bool_)
-    for j in range(which.shape[0]):
-        if not exists[j]:
-            continue
-        i = which[j]
-        s, n = starts[i], starts[i + 1] - starts[i]
-        if spans[j, 1] != n:
-            continue
-        a = spans[j, 0]
-        same = True
-        for p in range(n):
-            if buf[s + p] != arena[a + p]:
-                same = False
-                break
-        out[j] = same
+    (and ``exists[j]``); bool ``(len(which),)``."""
+    out = np.empty(which.shape[0], np.bool_)
+    kernel = _equal_par if which.shape[0] >= EQUAL_PARALLEL_MIN else _equal_ser
+    kernel(buf, starts, which, arena, spans, exists, out)
     return out
 
 

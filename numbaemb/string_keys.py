@@ -27,23 +27,56 @@ tf_bridge work on ids after one resolution.  Ops that insert (``upsert``,
 only.  String tables live in one process (not split across MPI ranks).
 """
 import threading
+from typing import NamedTuple
 
 import numpy as np
 
+from jit_kernels.segment import unique_inverse
 from jit_kernels.strings import deep_ids, equal_to, gather_bytes, level0_ids, pack
 
 from . import _checks
 from ._lock import RWLock
 
-__all__ = ["StringKeys", "StringVariable", "as_strings", "LEVELS"]
+__all__ = ["StringKeys", "StringVariable", "Packed", "as_strings", "LEVELS"]
 
 LEVELS = 4                   # candidate ids per string; all taken is a ValueError
 _COMPACT_MIN = 1 << 20       # arena garbage below this is never compacted
 
 
+class Packed(NamedTuple):
+    """String keys already in one buffer: string ``i`` of the row-major ``shape`` is
+    ``buf[starts[i]:starts[i + 1]]`` (``buf`` uint8, ``starts`` int64 ``(n + 1,)``).
+    Every op of a string table takes it where it takes keys: no Python object per
+    string (tf_bridge hands TensorFlow's string tensors over this way).
+
+    >>> import numpy as np
+    >>> p = Packed(np.frombuffer(b"abcd", np.uint8), np.array([0, 1, 4]), (2,))
+    >>> as_strings(p)[0]
+    (2,)
+    """
+    buf: np.ndarray
+    starts: np.ndarray
+    shape: tuple
+
+    @classmethod
+    def from_lengths(cls, joined, lengths):
+        """From the strings' bytes back to back (``bytes`` or a uint8 array) and their
+        lengths (an int array of the keys' shape)."""
+        lengths = np.asarray(lengths)
+        starts = np.zeros(lengths.size + 1, np.int64)
+        np.cumsum(lengths.reshape(-1), out=starts[1:])
+        buf = np.frombuffer(joined, np.uint8) if isinstance(joined, bytes) else joined
+        if buf.shape[0] != starts[-1]:
+            raise ValueError(f"packed strings: {buf.shape[0]} bytes, lengths add up to "
+                             f"{starts[-1]}")
+        return cls(buf, starts, lengths.shape)
+
+
 def as_strings(keys, name="keys"):
-    """``(shape, buf, starts)`` of string ``keys`` (numpy ``S``/``U``/object array, or a
-    sequence of ``bytes`` / ``str``); DtypeError for anything else."""
+    """``(shape, buf, starts)`` of string ``keys`` (numpy ``S``/``U``/object array, a
+    sequence of ``bytes`` / ``str``, or :class:`Packed`); DtypeError for anything else."""
+    if isinstance(keys, Packed):
+        return tuple(keys.shape), keys.buf, keys.starts
     if isinstance(keys, (bytes, str)):
         keys = [keys]
     arr = np.asarray(keys, dtype=object) if isinstance(keys, (list, tuple)) else np.asarray(keys)
@@ -55,6 +88,16 @@ def as_strings(keys, name="keys"):
     except TypeError as e:
         raise _checks.DtypeError(f"{name}: {e}") from None
     return arr.shape, buf, starts
+
+
+def _unique_first(keys):
+    """``(uniq, inverse, first)``: distinct int64 ``keys`` in first-occurrence order,
+    each position's index into them, and where each first occurs (hash based)."""
+    uniq, inverse = unique_inverse(keys)
+    fresh = np.ones(inverse.shape[0], np.bool_)      # first-occurrence order: a first
+    if fresh.shape[0]:                                # occurrence tops every index before it
+        fresh[1:] = inverse[1:] > np.maximum.accumulate(inverse)[:-1]
+    return uniq, inverse, np.flatnonzero(fresh)
 
 
 def split_bytes(buf, starts):
@@ -135,7 +178,7 @@ class StringKeys:
         if not new.shape[0]:
             return ids, found
         cand = ids[new]
-        uniq, first, inv = np.unique(cand, return_index=True, return_inverse=True)
+        uniq, inv, first = _unique_first(cand)
         reps = which[new[first]]
         # in-batch collisions: another string of the batch has the same candidate id
         rep_spans = np.stack([starts[reps], starts[reps + 1] - starts[reps]], 1)[inv]
@@ -201,7 +244,7 @@ class StringKeys:
         with self._lock.write():
             spans, ex = self._spans.lookup(ids, return_exists=True)
             ids, spans = ids[ex], spans[ex]
-            ids, keep = np.unique(ids, return_index=True)
+            ids, _, keep = _unique_first(ids)
             spans = spans[keep]
             self._spans.remove(ids)
             self._garbage += int(spans[:, 1].sum())

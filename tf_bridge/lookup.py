@@ -172,10 +172,11 @@ def unique_lookup(params, ids, handle=None):
     # kernel initializers: rows are f(key); a distributed table's owners draw them themselves
     stash = train and params._pending is None and not params.distributed
 
-    def forward(keys):
-        flat = keys.reshape(-1)
+    def forward(*arrays):
+        keys = params._np_keys(*arrays)
         if strings:                      # their ids; training registers new strings
-            flat = params.table.ids(flat, insert=train)
+            keys = params.table.ids(keys, insert=train)
+        flat = keys.reshape(-1)
         n = flat.shape[0]
         uniq, inverse = unique_inverse(flat, out=(aligned_empty(n, np.int64),
                                                   aligned_empty(n, np.int64)))
@@ -191,11 +192,11 @@ def unique_lookup(params, ids, handle=None):
 
     eager = tf.executing_eagerly()
     if eager:                            # the backward keeps the numpy arrays
-        out = forward(from_tf(ids))
+        out = forward(*[from_tf(x) for x in params._key_inputs(ids)])
         rows, rest = to_tf(out[0]), out[1:]
     else:
         tout = [params.value_dtype] + ([params.id_dtype, tf.int64] if train else [])
-        rows, *rest = numpy_call(forward, [ids], tout, name="unique_lookup",
+        rows, *rest = numpy_call(forward, params._key_inputs(ids), tout, name="unique_lookup",
                                  collective=params.distributed)
 
     def shaped(rows):

@@ -50,6 +50,7 @@ import numbaemb
 from jit_kernels.segment import unique_inverse
 from numbaemb import initializers as ne_init
 from numbaemb import DtypeError, _checks
+from numbaemb.string_keys import Packed
 
 from .dlpack import from_tf, numpy_call
 from .initializers import translate
@@ -300,8 +301,8 @@ class Variable(tf.__internal__.tracking.Trackable):
         keys = self.keys_in(keys, "keys")
         if not self.string_keys:
             return keys
-        out, = numpy_call(lambda k: (self.table.ids(k, insert),), [keys], [tf.int64],
-                          name=name or "string_ids")
+        out, = numpy_call(lambda *a: (self.table.ids(self._np_keys(*a), insert),),
+                          self._key_inputs(keys), [tf.int64], name=name or "string_ids")
         out.set_shape(keys.shape)
         return out
 
@@ -332,8 +333,8 @@ class Variable(tf.__internal__.tracking.Trackable):
         if serve is not None:
             return serve(self, keys, return_exists)
         tout = [self.value_dtype, tf.bool] if return_exists else [self.value_dtype]
-        out = numpy_call(lambda k: self._np_lookup(k, return_exists, record), [keys], tout,
-                         name=name, collective=self.distributed)
+        out = numpy_call(lambda *a: self._np_lookup(self._np_keys(*a), return_exists, record),
+                         self._key_inputs(keys), tout, name=name, collective=self.distributed)
         out[0].set_shape(keys.shape.concatenate([self.dim]))
         if return_exists:
             out[1].set_shape(keys.shape)
@@ -352,8 +353,8 @@ class Variable(tf.__internal__.tracking.Trackable):
                             "ValueError and applies nothing.")
 
     def _np_lookup(self, keys, return_exists, record):
-        if keys.dtype.kind not in "iu":          # strings: their ids (nothing registered)
-            keys = self.table.ids(keys)
+        if self.string_keys and not (isinstance(keys, np.ndarray) and keys.dtype.kind in "iu"):
+            keys = self.table.ids(keys)          # strings: their ids (nothing registered)
         rows, exists = self.table.lookup(keys, return_exists=True)
         if self._pending is not None and not exists.all():
             self._fill_missing(keys, rows, exists, record)
@@ -406,9 +407,34 @@ class Variable(tf.__internal__.tracking.Trackable):
         return keys, values
 
     # ---- writes --------------------------------------------------------------------
-    def _write(self, fn, inputs, name):
-        numpy_call(lambda *a: (fn(*a), ())[1], inputs, [], name=name,
-                   collective=self.distributed)
+    def _write(self, fn, inputs, name, keys=None):
+        """Run ``fn(*arrays)`` on ``inputs``; with ``keys``, ``fn(np_keys, *arrays)``."""
+        if keys is None:
+            numpy_call(lambda *a: (fn(*a), ())[1], inputs, [], name=name,
+                       collective=self.distributed)
+            return
+        parts = self._key_inputs(keys)
+        m = len(parts)
+        numpy_call(lambda *a: (fn(self._np_keys(*a[:m]), *a[m:]), ())[1], parts + list(inputs),
+                   [], name=name, collective=self.distributed)
+
+    # ---- keys to the numpy side: int tensors as they are, strings as one buffer ------------
+    def _key_inputs(self, keys):
+        """The tensors that carry ``keys`` to a numpy call: ``[keys]``; for string keys
+        ``[their bytes back to back (a scalar), their lengths (keys' shape)]`` (TF ops,
+        so no Python object is made per string); :meth:`_np_keys` takes them back."""
+        if not self.string_keys:
+            return [keys]
+        return [tf.strings.reduce_join(tf.reshape(keys, [-1])), tf.strings.length(keys)]
+
+    def _np_keys(self, *arrays):
+        """numpy keys from the arrays of :meth:`_key_inputs` (string keys: ``Packed``)."""
+        if not self.string_keys:
+            return arrays[0]
+        joined, lengths = arrays
+        if isinstance(joined, np.ndarray):
+            joined = joined.item()
+        return Packed.from_lengths(joined, lengths)
 
     def _forget(self, keys):
         if self._pending is not None:
@@ -419,7 +445,8 @@ class Variable(tf.__internal__.tracking.Trackable):
         keys = self.keys_in(keys, "keys")
         values = _as_real(values, "values", self.value_dtype)
         _check_shape(values, keys.shape.concatenate([self.dim]), "values", "keys.shape + [dim]")
-        self._write(lambda k, v: (self.table.upsert(k, v), self._forget(k)), [keys, values], name)
+        self._write(lambda k, v: (self.table.upsert(k, v), self._forget(k)), [values], name,
+                    keys=keys)
 
     def accum(self, keys, old_values, new_values, exists, name=None):
         """TFRA accum: add ``new - old`` where the key exists and ``exists``; insert
@@ -435,11 +462,12 @@ class Variable(tf.__internal__.tracking.Trackable):
         _check_shape(new, want, "new_values", "keys.shape + [dim]")
         _check_shape(exists, keys.shape, "exists", "keys.shape")
         self._write(lambda k, o, n, e: (self.table.accum(k, o, n, e), self._forget(k)),
-                    [keys, old, new, exists], name)
+                    [old, new, exists], name, keys=keys)
 
     def remove(self, keys, name=None):
         """Remove ``keys``; absent keys are ignored."""
-        self._write(lambda k: (self.table.remove(k), self._forget(k)), [self.keys_in(keys, "keys")], name)
+        self._write(lambda k: (self.table.remove(k), self._forget(k)), [], name,
+                    keys=self.keys_in(keys, "keys"))
 
     def clear(self, name=None):
         """Remove every key."""

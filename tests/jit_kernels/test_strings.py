@@ -55,8 +55,11 @@ def test_equal_to_and_gather_bytes(bs, data):
                       np.bool_)
     buf, starts = ks.pack(bs)
     which = np.arange(len(bs), dtype=np.int64)
-    got = ks.equal_to(buf, starts, which, arena, spans, exists)
-    assert got.tolist() == [bool(e) and a == b for a, b, e in zip(bs, arena_items, exists)]
+    want = [bool(e) and a == b for a, b, e in zip(bs, arena_items, exists)]
+    assert ks.equal_to(buf, starts, which, arena, spans, exists).tolist() == want
+    par = np.empty(len(bs), np.bool_)
+    ks._equal_par(buf, starts, which, arena, spans, exists, par)    # large batches' kernel
+    assert par.tolist() == want
     out, out_starts = ks.gather_bytes(arena, spans[:, 0].copy(), spans[:, 1].copy())
     assert [out[a:b].tobytes() for a, b in zip(out_starts[:-1], out_starts[1:])] == arena_items
 

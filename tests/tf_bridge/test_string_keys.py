@@ -219,3 +219,17 @@ def test_corrupt_saved_string_keys_are_refused(tmp_path):
         emb.load_own_variables(store)
     assert emb.params.export()[0].numpy().tolist() == before
 
+
+
+def test_nul_bytes_survive_graph_mode():
+    """Strings reach numpy as one joined buffer + lengths: trailing NULs (which numpy
+    ``S`` scalars would strip) must survive, also at the end of the buffer."""
+    v = de.Variable(key_dtype=tf.string, dim=1, name="st_nul")
+    up = tf.function(lambda k, x: v.upsert(k, x))
+    look = tf.function(lambda k: v.lookup(k))
+    up(strings([b"a", b"b\x00"]), tf.constant([[1.0], [2.0]]))
+    got = look(strings([b"b\x00", b"b", b"a", b"a\x00"])).numpy().ravel()
+    assert got.tolist() == [2.0, 0.0, 1.0, 0.0]
+    assert sorted(v.export()[0].numpy().tolist()) == [b"a", b"b\x00"]
+    assert look(strings([])).shape == (0, 1)
+    assert v.lookup(tf.constant(b"b\x00")).numpy().tolist() == [2.0]      # a scalar key
