@@ -60,6 +60,9 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .bitcast import bits_f32, f32_bits
+from .halfs import sixteen, store
+
 from .hashing import GOLDEN, hash_key, mix64
 
 ZEROS, CONSTANT, UNIFORM, NORMAL, TRUNCATED_NORMAL = 0, 1, 2, 3, 4
@@ -134,31 +137,6 @@ def bits_to_uniform(bits):
 def uniform01(stream, col):
     """Uniform float32 in (0, 1) for one column of a key's stream."""
     return bits_to_uniform(col_bits(stream, col))
-
-
-@intrinsic
-def f32_bits(typingctx, x):
-    """The bits of a float32 as an int32 (a bit cast, CPU and CUDA)."""
-    if x != types.float32:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-    return types.int32(types.float32), codegen
-
-
-@intrinsic
-def bits_f32(typingctx, i):
-    """The float32 whose bits are the low 32 bits of the integer ``i``."""
-    if not isinstance(i, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        v = args[0]
-        if i.bitwidth > 32:
-            v = builder.trunc(v, ir.IntType(32))
-        return builder.bitcast(v, ir.FloatType())
-    return types.float32(i), codegen
 
 
 @intrinsic
@@ -289,6 +267,11 @@ def init_row(dst, key, kind, a, b, seed, const):
     with no uniform in the far tails (80% of rows of 64) skips :func:`ppf_far`.
     """
     n = dst.shape[0]
+    if sixteen(dst):                     # 16-bit float storage: float32 values, rounded once
+        stream = key_stream(seed, key) if kind > CONSTANT else np.uint64(0)
+        for c in range(n):
+            store(dst, c, np.float32(init_value(stream, c, kind, a, b, const)))
+        return
     if kind == ZEROS:
         for c in range(n):
             dst[c] = 0

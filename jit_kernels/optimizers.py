@@ -7,7 +7,8 @@ kernel can call them too (they are inlined into their callers, which lets the
 row loops vectorise).  They follow Keras 3's ``update_step`` formulas
 (``keras/src/optimizers/*.py``) op for op and, like Keras, compute in the
 dtype of the weight row: scalars are cast to it once per row (``g`` must
-have that dtype).  A slot an option does not use (SGD momentum at momentum 0,
+have that dtype).  16-bit float weight rows (:mod:`jit_kernels.halfs`) are
+computed in float32 (``g`` and the slots float32) and rounded once on store.  A slot an option does not use (SGD momentum at momentum 0,
 Adam ``vhat`` without amsgrad, RMSprop momentum / average gradient) is never
 read or written: pass any row of the right type, e.g. ``w``.
 
@@ -33,6 +34,7 @@ import numpy as np
 from numba import njit, prange
 
 from .cpu_table import prefetch_row
+from .halfs import compute_cast, load, store
 from .segment import ROW_COST, serial_twin, threads_for
 
 _row = dict(nogil=True, cache=True, inline="always", error_model="numpy")
@@ -44,27 +46,25 @@ _drv = dict(parallel=True, nogil=True, cache=True, error_model="numpy")
 def sgd_row(w, m, g, lr, momentum, nesterov):
     """Plain: ``w -= lr g``.  With momentum: ``m = momentum m - lr g``, then
     ``w += m`` or, Nesterov, ``w += momentum m - lr g``."""
-    t = w.dtype.type
-    lr_t, mu = t(lr), t(momentum)
+    lr_t, mu = compute_cast(w, lr), compute_cast(w, momentum)
     for c in range(w.shape[0]):
         if momentum == 0.0:
-            w[c] -= g[c] * lr_t
+            store(w, c, load(w, c) - g[c] * lr_t)
         else:
             m[c] = m[c] * mu - g[c] * lr_t
             if nesterov:
-                w[c] += m[c] * mu - g[c] * lr_t
+                store(w, c, load(w, c) + (m[c] * mu - g[c] * lr_t))
             else:
-                w[c] += m[c]
+                store(w, c, load(w, c) + m[c])
 
 
 @njit(**_row)
 def adagrad_row(w, acc, g, lr, epsilon):
     """``acc += g^2;  w -= lr g / sqrt(acc + epsilon)``."""
-    t = w.dtype.type
-    lr_t, eps = t(lr), t(epsilon)
+    lr_t, eps = compute_cast(w, lr), compute_cast(w, epsilon)
     for c in range(w.shape[0]):
         acc[c] += g[c] * g[c]
-        w[c] -= lr_t * g[c] / math.sqrt(acc[c] + eps)
+        store(w, c, load(w, c) - lr_t * g[c] / math.sqrt(acc[c] + eps))
 
 
 @njit(**_row)
@@ -73,8 +73,8 @@ def adam_row(w, m, v, vhat, g, alpha, beta_1, beta_2, epsilon, amsgrad):
     amsgrad: ``vhat = max(vhat, v)`` and use ``vhat`` for ``v``;
     ``w -= alpha m / (sqrt(v) + epsilon)``, where the caller computes the step size
     ``alpha = lr sqrt(1 - beta_2^t) / (1 - beta_1^t)`` once per 1-based step t."""
-    t = w.dtype.type
-    alpha_t, c1, c2, eps = t(alpha), t(1.0 - beta_1), t(1.0 - beta_2), t(epsilon)
+    alpha_t, c1 = compute_cast(w, alpha), compute_cast(w, 1.0 - beta_1)
+    c2, eps = compute_cast(w, 1.0 - beta_2), compute_cast(w, epsilon)
     for c in range(w.shape[0]):
         m[c] += (g[c] - m[c]) * c1
         v[c] += (g[c] * g[c] - v[c]) * c2
@@ -82,7 +82,7 @@ def adam_row(w, m, v, vhat, g, alpha, beta_1, beta_2, epsilon, amsgrad):
         if amsgrad:
             vhat[c] = max(vhat[c], vc)
             vc = vhat[c]
-        w[c] -= m[c] * alpha_t / (math.sqrt(vc) + eps)
+        store(w, c, load(w, c) - m[c] * alpha_t / (math.sqrt(vc) + eps))
 
 
 @njit(**_row)
@@ -91,15 +91,17 @@ def ftrl_row(w, acc, linear, g, lr, lr_power, l1, l2, l2_shrinkage, beta):
     ``linear += g + 2 l2_shrinkage w - (n'^p - acc^p) / lr * w``;
     ``w = (clip(linear, -l1, l1) - linear) / (n'^p / lr + 2 (l2 + beta / (2 lr)))``;
     ``acc = n'``."""
-    t = w.dtype.type
-    lr_t, p, hi, lo = t(lr), t(-lr_power), t(l1), t(-l1)
-    shrink, two_l2 = t(2.0 * l2_shrinkage), t(2.0 * (l2 + beta / (2.0 * lr)))
+    lr_t, p = compute_cast(w, lr), compute_cast(w, -lr_power)
+    hi, lo = compute_cast(w, l1), compute_cast(w, -l1)
+    shrink = compute_cast(w, 2.0 * l2_shrinkage)
+    two_l2 = compute_cast(w, 2.0 * (l2 + beta / (2.0 * lr)))
     for c in range(w.shape[0]):
         new_acc = acc[c] + g[c] * g[c]
         new_acc_p = new_acc ** p
-        linear[c] += g[c] + shrink * w[c] - (new_acc_p - acc[c] ** p) / lr_t * w[c]
+        wc = load(w, c)
+        linear[c] += g[c] + shrink * wc - (new_acc_p - acc[c] ** p) / lr_t * wc
         clipped = min(max(linear[c], lo), hi)
-        w[c] = (clipped - linear[c]) / (new_acc_p / lr_t + two_l2)
+        store(w, c, (clipped - linear[c]) / (new_acc_p / lr_t + two_l2))
         acc[c] = new_acc
 
 
@@ -109,8 +111,8 @@ def rmsprop_row(w, vel, mom, avg, g, lr, rho, momentum, epsilon, centered):
     and ``den = vel - avg^2 + epsilon``, else ``den = vel + epsilon``;
     ``inc = lr g / sqrt(den)``; momentum > 0: ``mom = momentum mom + inc;
     w -= mom``, else ``w -= inc``."""
-    t = w.dtype.type
-    lr_t, r, r1, mu, eps = t(lr), t(rho), t(1.0 - rho), t(momentum), t(epsilon)
+    lr_t, r, r1 = compute_cast(w, lr), compute_cast(w, rho), compute_cast(w, 1.0 - rho)
+    mu, eps = compute_cast(w, momentum), compute_cast(w, epsilon)
     for c in range(w.shape[0]):
         vel[c] = r * vel[c] + r1 * (g[c] * g[c])
         if centered:
@@ -121,9 +123,9 @@ def rmsprop_row(w, vel, mom, avg, g, lr, rho, momentum, epsilon, centered):
         inc = lr_t * g[c] / math.sqrt(den)
         if momentum > 0.0:
             mom[c] = mu * mom[c] + inc
-            w[c] -= mom[c]
+            store(w, c, load(w, c) - mom[c])
         else:
-            w[c] -= inc
+            store(w, c, load(w, c) - inc)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -146,11 +148,10 @@ def start_row(w, w0, a, b, c, s0):
     missing slots are passed as ``w`` (see the module docstring): they are written
     first, so the weights written last win.  Not inlined: inlined into a driver it
     cost the update loop its vectorisation (Adam on 13,500 rows: 3.9 vs 2.1 ms)."""
-    t = w.dtype.type
-    for j in range(w.shape[0]):
-        a[j] = t(s0[0])
-        b[j] = t(s0[1])
-        c[j] = t(s0[2])
+    for j in range(w.shape[0]):        # (a slot passed as w gets w's dtype: w0 overwrites it)
+        a[j] = a.dtype.type(s0[0])
+        b[j] = b.dtype.type(s0[1])
+        c[j] = c.dtype.type(s0[2])
     for j in range(w.shape[0]):
         w[j] = w0[j]
 

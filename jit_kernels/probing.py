@@ -16,6 +16,7 @@ True
 from numba import njit
 
 from .atomics import cas, claim, load_acquire, store_release
+from .halfs import load, store
 from .slots import BUSY, DELETED, EMPTY, first_slot, is_busy, is_empty, is_full, next_slot
 
 
@@ -128,6 +129,8 @@ def accum_group(slots, mask, keys, order, lo, hi, values, spill, split, old, new
     gets the row touched (or -1) and ``inserted[p]`` marks the inserting position.
     Row ``r`` lives at ``values[r]`` below ``split`` and at ``spill[r - split]`` above
     (rows kept in host memory by a GPU table; the CPU passes ``split = len(values)``).
+    16-bit float rows (:mod:`jit_kernels.halfs`) add in float32 (``old`` and ``new``
+    float32) and round once.
     """
     key = keys[order[lo]]
     r = find_row(slots, mask, key, True)     # other groups insert meanwhile
@@ -138,12 +141,12 @@ def accum_group(slots, mask, keys, order, lo, hi, values, spill, split, old, new
         if exists[p] and r >= 0:
             row = values[r] if r < split else spill[r - split]
             for c in range(row.shape[0]):
-                row[c] += new[p, c] - old[p, c]
+                store(row, c, load(row, c) + (new[p, c] - old[p, c]))
             rows[p] = r
         elif not exists[p] and r < 0:
             r, _ = find_or_insert_key(slots, mask, key, alloc, free_rows, n_free, fresh_start)
             row = values[r] if r < split else spill[r - split]
             for c in range(row.shape[0]):
-                row[c] = new[p, c]
+                store(row, c, new[p, c])
             rows[p] = r
             inserted[p] = True

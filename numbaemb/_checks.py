@@ -13,9 +13,51 @@ class DtypeError(TypeError, ValueError):
     # rises while a tf.function traces, instead of wrapping it in a StagingError
     __init__ = Exception.__init__
 
-FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+def _bfloat16():
+    """``ml_dtypes.bfloat16`` (the NumPy bfloat16 of TensorFlow and JAX), or None."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+BFLOAT16 = _bfloat16()
+# 16-bit floats: stored as their bits (jit_kernels.halfs), computed in float32
+HALF_DTYPES = (np.dtype(np.float16),) + ((BFLOAT16,) if BFLOAT16 is not None else ())
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64)) + HALF_DTYPES
 INT_VALUE_DTYPES = (np.dtype(np.int8), np.dtype(np.int32), np.dtype(np.int64))
 VALUE_DTYPES = FLOAT_DTYPES + INT_VALUE_DTYPES     # integer tables: id maps, counters
+
+
+def storage_dtype(dt) -> np.dtype:
+    """The dtype of the columns that hold values of ``dt``: the bits of 16-bit floats
+    (uint16 for float16, int16 for bfloat16, see :mod:`jit_kernels.halfs`), else ``dt``."""
+    dt = np.dtype(dt)
+    if dt == np.float16:
+        return np.dtype(np.uint16)
+    if BFLOAT16 is not None and dt == BFLOAT16:
+        return np.dtype(np.int16)
+    return dt
+
+
+def compute_dtype(dt) -> np.dtype:
+    """The dtype optimizer math and gradients use for values of ``dt`` (float32 for
+    16-bit floats)."""
+    dt = np.dtype(dt)
+    return np.dtype(np.float32) if dt in HALF_DTYPES else dt
+
+
+def storage_compute_dtype(store) -> np.dtype:
+    """The compute dtype of a column stored as ``store`` (16-bit float bits: float32)."""
+    store = np.dtype(store)
+    return np.dtype(np.float32) if store in (np.dtype(np.uint16), np.dtype(np.int16)) else store
+
+
+def is_real(dt) -> bool:
+    """Integers and floats, bfloat16 included (NumPy files it under kind ``V``)."""
+    dt = np.dtype(dt)
+    return dt.kind in "fiu" or dt in HALF_DTYPES
 
 
 # string keys (``numbaemb.string_keys``): the key dtype is numpy's object dtype, spelt
@@ -45,6 +87,9 @@ def dtype_name(dt) -> str:
 
 
 def value_dtype(dtype) -> np.dtype:
+    if isinstance(dtype, str) and dtype == "bfloat16" and BFLOAT16 is None:
+        raise DtypeError("value_dtype bfloat16 needs the ml_dtypes package (NumPy's bfloat16, "
+                         "installed with TensorFlow or JAX): pip install ml_dtypes")
     try:
         dt = np.dtype(dtype)
     except TypeError:
@@ -98,7 +143,7 @@ def flat_int64(keys: np.ndarray) -> np.ndarray:
 def as_values(values, key_shape, dim, dtype, name="values") -> np.ndarray:
     """``values`` as a C-contiguous ``(n, dim)`` array of ``dtype``; checks the shape."""
     arr = np.asarray(values)
-    if arr.dtype.kind not in "fiu":
+    if not is_real(arr.dtype):
         raise DtypeError(f"{name} must hold real numbers ({dtype} for this table), got dtype {arr.dtype}")
     if np.dtype(dtype).kind == "i":     # an integer table: no truncation, no wrap-around
         if arr.dtype.kind == "f" and arr.size:

@@ -539,7 +539,7 @@ def fill(v, archives, identity=False, keep=None):
             size = _get(entry, "size", int, path, f"shards[{s}].size")
             if size < 0:
                 raise _corrupt(path, f"shards[{s}].size is negative")
-            layout = _parse_columns(path, s, entry, v.dim, v.value_dtype)
+            layout = _parse_columns(path, s, entry, v.dim, _checks.storage_dtype(v.value_dtype))
             keys = _read_whole(ar, _get(entry, "keys", dict, path, f"shards[{s}].keys"),
                                f"shards[{s}].keys", v._id_dtype, (size,))
             total += size

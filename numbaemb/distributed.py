@@ -204,12 +204,13 @@ class DistributedVariable(Variable):
     def _back(self, rows, recv_counts, p, shape):
         """Rows in send order from the owners -> ``shape + (width,)`` in batch order."""
         c = self._comm
-        back = c.alltoallv(rows, recv_counts, p.counts)
+        shown, store = rows.dtype, _checks.storage_dtype(rows.dtype)   # 16-bit floats: bits
+        back = c.alltoallv(rows.view(store), recv_counts, p.counts)
         t0 = time.perf_counter()
         out = aligned_empty((p.slot.shape[0], back.shape[1]), back.dtype)
         gather_rows(back, p.slot, out)
         c.add_time("order", t0)
-        return out.reshape(tuple(shape) + (back.shape[1],))
+        return out.view(shown).reshape(tuple(shape) + (back.shape[1],))
 
     def _read(self, op, keys, owner_fn, arg=0, check=None):
         """Collective read: keys to owners, ``owner_fn(keys) -> rows``, rows back;
@@ -280,7 +281,7 @@ class DistributedVariable(Variable):
             k, p = self._plan(keys)
             vals = self.local._values(values, k.shape)
             t0 = time.perf_counter()
-            send = np.empty((p.send_keys.shape[0], self.dim), self.value_dtype)
+            send = np.empty((p.send_keys.shape[0], self.dim), self.local._store)   # as stored
             assign_rows(send, p.slot, vals, numba.get_num_threads())   # last one wins
             self._comm.add_time("order", t0, moved_from="plan")
             return (p, send), p.counts
@@ -290,18 +291,18 @@ class DistributedVariable(Variable):
             c = self._comm
             recv_keys = c.alltoallv(p.send_keys, p.counts, rc)
             recv_vals = c.alltoallv(send, p.counts, rc)
-            self._local(self.local.upsert, recv_keys, recv_vals)
+            self._local(self.local.upsert, recv_keys, self.local._shown(recv_vals))
 
     def accum(self, keys, old_values, new_values, exists):
         """Collective ``Variable.accum``: every position goes to its owner, in batch
         order, so the owner applies the sequential rule to the rank-ordered sequence."""
         def prepare():
             k, p = self._plan(keys, unique=False)
-            old = self.local._values(old_values, k.shape, "old_values")
-            new = self.local._values(new_values, k.shape, "new_values")
+            old = self.local._operands(old_values, k.shape, "old_values")
+            new = self.local._operands(new_values, k.shape, "new_values")
             ex = self.local._arrays.exists(exists, k.shape)
             t0 = time.perf_counter()
-            pair = np.empty((p.slot.shape[0], 2, self.dim), self.value_dtype)
+            pair = np.empty((p.slot.shape[0], 2, self.dim), old.dtype)
             pair[p.slot, 0], pair[p.slot, 1] = old, new
             flags = np.empty_like(ex)
             flags[p.slot] = ex
@@ -344,7 +345,8 @@ class DistributedVariable(Variable):
             _check(self, optimizer)
             checked.extend(_step_and_rate(optimizer, step, lr))
             k, p = self._plan(keys, unique=not assume_unique)
-            g = self.local._values(grads, k.shape, "grads")
+            g = _checks.as_values(grads, k.shape, self.dim,
+                                  _checks.compute_dtype(self.value_dtype), "grads")
             t0 = time.perf_counter()
             sums = segment_sum(g, p.slot, p.send_keys.shape[0], numba.get_num_threads())
             self._comm.add_time("order", t0, moved_from="plan")

@@ -138,7 +138,7 @@ class Adam(Optimizer):
                      / (t(1) - t(self.beta_1) ** t(step)))
 
     def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None):
-        alpha = self.step_size(lr, step, values.dtype)
+        alpha = self.step_size(lr, step, _checks.storage_compute_dtype(values.dtype))
         _k.adam_rows(values, cols["m"], cols["v"], cols.get("vhat", values), rows, grads, alpha,
                      self.beta_1, self.beta_2, self.epsilon, self.amsgrad, fresh=fresh, w0=w0)
 
@@ -199,9 +199,10 @@ def _check(variable, optimizer):
     if not isinstance(optimizer, Optimizer):
         raise TypeError(f"optimizer must be a numbaemb.optimizers.Optimizer, "
                         f"got {type(optimizer).__name__}")
-    if variable.value_dtype.kind != "f":
+    if variable.value_dtype not in _checks.FLOAT_DTYPES:
         raise _checks.DtypeError(f"table {variable.name!r} holds {variable.value_dtype} values: "
-                                 "integer tables are not trainable (float32 or float64 are)")
+                                 "integer tables are not trainable (float16, bfloat16, float32 "
+                                 "and float64 are)")
 
 
 def _check_slot(variable, optimizer, slot_name):
@@ -274,11 +275,11 @@ def apply_gradients(variable, optimizer, ids, grads, *, step, learning_rate=None
                                   f"variable is on {variable.device}")
     step, lr = _step_and_rate(optimizer, step, learning_rate)
     keys = variable._host_keys(ids, insert=True, name="ids")
-    g = _checks.as_values(grads, keys.shape, variable.dim, variable.value_dtype, "grads")
+    g = _checks.as_values(grads, keys.shape, variable.dim,
+                          _checks.compute_dtype(variable.value_dtype), "grads")
     if initial_rows is not None and assume_unique and not delta:
         init_vals, init_ok = initial_rows
-        init_vals = _checks.as_values(init_vals, keys.shape, variable.dim, variable.value_dtype,
-                                      "initial_rows[0]")
+        init_vals = variable._values(init_vals, keys.shape, "initial_rows[0]")   # as stored
         init_ok = _checks.as_exists(init_ok, keys.shape, "initial_rows[1]")
     else:
         init_vals = init_ok = None
@@ -315,7 +316,8 @@ def _add_slot_columns(variable, optimizer):
     for shard in variable.shards:
         for name, init in optimizer.slots():
             if optimizer.column(name) not in shard.columns:
-                shard.add_column(optimizer.column(name), variable.dim, variable.value_dtype,
+                shard.add_column(optimizer.column(name), variable.dim,
+                                 _checks.compute_dtype(variable.value_dtype),
                                  _slot_init(init, variable.dim))
 
 
@@ -323,15 +325,16 @@ def _apply_delta(variable, optimizer, uniq, sums, lr, step):
     """``apply_gradients(delta=True)`` on distinct int64 ``uniq`` and their ``sums``."""
     keys = uniq.astype(variable._id_dtype, copy=False)
     slots = optimizer.slots()
-    n, dim, dtype = uniq.shape[0], variable.dim, variable.value_dtype
-    old = np.empty((n, dim), dtype)
+    n, dim, store = uniq.shape[0], variable.dim, variable._store
+    dtype = _checks.compute_dtype(variable.value_dtype)     # slots' and the math's dtype
+    old = np.empty((n, dim), store)
     exists = np.empty(n, np.bool_)
     cols = {name: np.empty((n, dim), dtype) for name, _ in slots}
     with variable._lock.write():
         _add_slot_columns(variable, optimizer)
     with variable._lock.read():             # the rows as the step starts
         for shard, pos, k in variable._parts(keys, uniq):
-            o, e = (old, exists) if pos is None else (np.empty((k.shape[0], dim), dtype),
+            o, e = (old, exists) if pos is None else (np.empty((k.shape[0], dim), store),
                                                       np.empty(k.shape[0], np.bool_))
             shard.lookup(k, o, e)           # absent: initial weights
             rows = shard.find_rows(k)
@@ -345,6 +348,7 @@ def _apply_delta(variable, optimizer, uniq, sums, lr, step):
                     cols[name][pos] = s
             if pos is not None:
                 old[pos], exists[pos] = o, e
+    old = variable._shown(old).astype(dtype, copy=False)    # 16-bit floats: exact in float32
     new = old.copy()
     optimizer._update(new, cols, np.arange(n, dtype=np.int64), sums, lr, step)
     variable.accum(keys, old, new, exists)
@@ -366,7 +370,7 @@ def slot_values(variable, optimizer, slot_name, ids):
     keys = variable._host_keys(ids, name="ids")
     flat = _checks.flat_int64(keys)
     init = dict(optimizer.slots())[slot_name]
-    out = np.full((flat.shape[0], variable.dim), init, variable.value_dtype)
+    out = np.full((flat.shape[0], variable.dim), init, _checks.compute_dtype(variable.value_dtype))
     with variable._lock.read():
         for shard, pos, k in variable._parts(keys, flat):
             col = shard.columns.get(optimizer.column(slot_name))

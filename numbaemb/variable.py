@@ -59,9 +59,12 @@ class Variable:
     Args:
       dim: row width.
       key_dtype: ``np.int64`` (default) or ``np.int32``; every value of it is a valid key.
-      value_dtype: ``np.float32`` (default) or ``np.float64``; or ``np.int8`` / ``int32`` /
-        ``int64`` for tables that are not trained (id maps, counters; initial values are
-        the initializer's, truncated).
+      value_dtype: ``np.float32`` (default) or ``np.float64``; ``np.float16`` or
+        ``"bfloat16"`` (``ml_dtypes.bfloat16``) for half the memory: stored as their bits,
+        initial values and optimizer / ``accum`` math in float32, rounded once to nearest
+        even on store, optimizer slots float32; or ``np.int8`` / ``int32`` / ``int64`` for
+        tables that are not trained (id maps, counters; initial values are the
+        initializer's, truncated).
       num_shards: shards in this process; keys go to ``partitioner(keys, num_shards)``.
       partitioner: ``f(keys, n) -> shard ids``; default key mod n on the unsigned value.
       name: optional name (``get_variable`` registry; default seed).
@@ -117,6 +120,7 @@ class Variable:
         self.dim = _checks.positive_int(dim, "dim")
         self.key_dtype = _checks.key_dtype(key_dtype)
         self.value_dtype = _checks.value_dtype(value_dtype)
+        self._store = _checks.storage_dtype(self.value_dtype)   # the columns' dtype
         self.num_shards = _checks.positive_int(num_shards, "num_shards")
         init_size = _checks.positive_int(init_size, "init_size", minimum=0)
         if partitioner is not None and not callable(partitioner):
@@ -138,13 +142,13 @@ class Variable:
         self.max_hbm_bytes = max_hbm_bytes
         if device_id is None:
             self._arrays = HostArrays()
-            self.shards = [Shard(self.dim, self.value_dtype, params, per_shard)
+            self.shards = [Shard(self.dim, self._store, params, per_shard)
                            for _ in range(self.num_shards)]
         else:
             from .cuda_shard import CudaShard
             self._arrays = DeviceArrays(device_id)
             budget = None if max_hbm_bytes is None else -(-max_hbm_bytes // self.num_shards)
-            self.shards = [CudaShard(self.dim, self.value_dtype, params, per_shard, device_id,
+            self.shards = [CudaShard(self.dim, self._store, params, per_shard, device_id,
                                      budget) for _ in range(self.num_shards)]
         self._lock = RWLock()
 
@@ -210,7 +214,22 @@ class Variable:
         return [(s, p, a.take(flat, p)) for s, p in zip(self.shards, pos) if p.shape[0]]
 
     def _values(self, values, shape, name="values"):
-        return self._arrays.values(values, shape, self.dim, self.value_dtype, name)
+        """``values`` checked, as the columns store them (16-bit floats: their bits)."""
+        out = self._arrays.values(values, shape, self.dim, self.value_dtype, name)
+        return out if self._store == self.value_dtype else out.view(self._store)
+
+    def _operands(self, values, shape, name):
+        """``values`` for arithmetic on rows (accum): in the compute dtype (float32 for
+        16-bit floats: their values exactly), see :func:`_checks.compute_dtype`."""
+        dt = _checks.compute_dtype(self.value_dtype)
+        if dt == self.value_dtype:
+            return self._arrays.values(values, shape, self.dim, dt, name)
+        exact = self._arrays.values(values, shape, self.dim, self.value_dtype, name)
+        return exact.astype(dt)
+
+    def _shown(self, rows):
+        """Rows as stored, seen as the value dtype (16-bit floats: a view of their bits)."""
+        return rows if self._store == self.value_dtype else rows.view(self.value_dtype)
 
     # ---- reads -----------------------------------------------------------------------
     def lookup(self, keys, return_exists=False):
@@ -219,19 +238,19 @@ class Variable:
         array of ``keys.shape``.  The result is 64-byte aligned."""
         keys, flat = self._keys(keys)
         n, a = flat.shape[0], self._arrays
-        out = a.empty((n, self.dim), self.value_dtype)
+        out = a.empty((n, self.dim), self._store)
         exists = a.empty(n, np.bool_)
         with self._lock.read():
             for shard, pos, k in self._parts(keys, flat):
                 if pos is None:
                     shard.lookup(k, out, exists)
                 else:
-                    o = a.empty((k.shape[0], self.dim), self.value_dtype)
+                    o = a.empty((k.shape[0], self.dim), self._store)
                     e = a.empty(k.shape[0], np.bool_)
                     shard.lookup(k, o, e)
                     a.put(out, pos, o)
                     a.put(exists, pos, e)
-        out = out.reshape(keys.shape + (self.dim,))
+        out = self._shown(out).reshape(keys.shape + (self.dim,))
         return (out, exists.reshape(keys.shape)) if return_exists else out
 
     def size(self, index=None) -> int:
@@ -253,14 +272,15 @@ class Variable:
         """``export`` for a caller that holds the lock: shard keys (ids) and rows."""
         parts = [s.export(column) for s in self.shards]
         keys = self._arrays.concat([p[0] for p in parts], self._id_dtype)
-        return keys, self._arrays.concat([p[1] for p in parts], parts[0][1].dtype)
+        rows = self._arrays.concat([p[1] for p in parts], parts[0][1].dtype)
+        return keys, self._shown(rows) if column == "values" else rows
 
     # ---- writes ----------------------------------------------------------------------
     def find_or_insert(self, keys, return_exists=False):
         """Like ``lookup``, but absent keys are inserted with their initial values."""
         keys, flat = self._keys(keys, insert=True)
         n, a = flat.shape[0], self._arrays
-        out = a.empty((n, self.dim), self.value_dtype)
+        out = a.empty((n, self.dim), self._store)
         exists = a.empty(n, np.bool_)
         with self._lock.write():
             for shard, pos, k in self._parts(keys, flat):
@@ -268,13 +288,13 @@ class Variable:
                     _, inserted = shard.find_or_insert(k, out=out)
                     a.invert(inserted, exists)
                 else:
-                    o = a.empty((k.shape[0], self.dim), self.value_dtype)
+                    o = a.empty((k.shape[0], self.dim), self._store)
                     e = a.empty(k.shape[0], np.bool_)
                     _, inserted = shard.find_or_insert(k, out=o)
                     a.invert(inserted, e)
                     a.put(out, pos, o)
                     a.put(exists, pos, e)
-        out = out.reshape(keys.shape + (self.dim,))
+        out = self._shown(out).reshape(keys.shape + (self.dim,))
         if not return_exists:
             return out
         host = a.host
@@ -298,8 +318,8 @@ class Variable:
         where it is absent and not ``exists``; ignore the rest (TFRA semantics,
         applied in batch order)."""
         keys, flat = self._keys(keys, insert=True)
-        old = self._values(old_values, keys.shape, "old_values")
-        new = self._values(new_values, keys.shape, "new_values")
+        old = self._operands(old_values, keys.shape, "old_values")
+        new = self._operands(new_values, keys.shape, "new_values")
         ex = self._arrays.exists(exists, keys.shape)
         take = self._arrays.take
         with self._lock.write():
