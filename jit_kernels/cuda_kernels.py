@@ -22,6 +22,7 @@ import numpy as np
 
 from . import initializers as _inits
 from . import probing as _probing
+from .halfs import load, store
 from .slots import EMPTY, is_full
 
 cuda = None            # numba.cuda, bound by build() (the simulator swaps this global)
@@ -93,7 +94,7 @@ def build(threads):
         """This lane's columns of ``init_row(dst, key, ...)``."""
         stream = key_stream(seed, key)
         for c in range(lane, dst.shape[0], lanes):
-            dst[c] = init_value(stream, c, kind, a, b, const)
+            store(dst, c, init_value(stream, c, kind, a, b, const))   # 16-bit: rounded once
 
     @jit(device=True)
     def init_both(dst, out, key, kind, a, b, seed, const, lane, lanes):
@@ -103,8 +104,8 @@ def build(threads):
         stream = key_stream(seed, key)
         for c in range(lane, dst.shape[0], lanes):
             v = init_value(stream, c, kind, a, b, const)
-            dst[c] = v
-            out[c] = v
+            store(dst, c, v)
+            store(out, c, v)
 
     @jit(device=True)
     def block_scan(buf, v):
@@ -152,6 +153,18 @@ def build(threads):
     def cast(src, dst):
         for i in range(cuda.grid(1), src.shape[0], cuda.gridsize(1)):
             dst[i] = src[i]
+
+    @kernel
+    def narrow(src, dst):
+        """``dst[i] = src[i]`` rounded into 16-bit float storage bits (``store``)."""
+        for i in range(cuda.grid(1), src.shape[0], cuda.gridsize(1)):
+            store(dst, i, src[i])
+
+    @kernel
+    def widen(src, dst):
+        """``dst[i]`` = the value of 16-bit float storage bits ``src[i]`` (``load``)."""
+        for i in range(cuda.grid(1), src.shape[0], cuda.gridsize(1)):
+            dst[i] = load(src, i)
 
     @kernel
     def invert(src, dst):

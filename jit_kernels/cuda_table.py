@@ -308,6 +308,16 @@ def cast(src, dst):
     _go(_kernels().cast, src.shape[0], src, dst)
 
 
+def narrow(src, dst):
+    """``dst[i] = src[i]`` rounded into 16-bit float bits (``dst`` uint16 / int16, 1-D)."""
+    _go(_kernels().narrow, src.shape[0], src, dst)
+
+
+def widen(src, dst):
+    """``dst[i]`` = the value of 16-bit float bits ``src[i]`` (``dst`` float32, 1-D)."""
+    _go(_kernels().widen, src.shape[0], src, dst)
+
+
 def invert(src, dst):
     """dst[i] = not src[i] (1-D bool arrays)."""
     _go(_kernels().invert, src.shape[0], src, dst)
@@ -454,5 +464,5 @@ __all__ = ["lookup", "find_rows", "find_or_insert_rows", "insert_rows", "init_ro
            "init_gather", "gather",
            "scatter", "assign_rows", "group_keys", "accum_groups", "erase_keys", "rehash",
            "export_slots", "compact_nonneg", "exclusive_scan", "number_keys", "count_true",
-           "cast", "invert", "filled", "device_empty_slots", "cuda_api", "launch_config",
+           "cast", "narrow", "widen", "invert", "filled", "device_empty_slots", "cuda_api", "launch_config",
            "tile_width", "SplitRows", "Scratch"]

@@ -107,7 +107,7 @@ def bf16_to_f32(h):
 def load(row, c):
     """``row[c]`` as a number to compute with (float32 for 16-bit float columns)."""
     x = row[c]
-    dt = np.asarray(row).dtype
+    dt = np.dtype(row.dtype)
     if dt == F16_STORE:
         return f16_to_f32(x)
     if dt == BF16_STORE:
@@ -117,7 +117,7 @@ def load(row, c):
 
 def store(row, c, v):
     """``row[c] = v`` (rounded to the 16-bit format for 16-bit float columns)."""
-    dt = np.asarray(row).dtype
+    dt = np.dtype(row.dtype)
     if dt == F16_STORE:
         row[c] = f32_to_f16(np.float32(v))
     elif dt == BF16_STORE:
@@ -129,13 +129,13 @@ def store(row, c, v):
 def compute_cast(row, x):
     """``x`` in the type kernels compute ``row``'s values in: float32 for 16-bit float
     columns, else ``row``'s dtype."""
-    dt = np.asarray(row).dtype
+    dt = np.dtype(row.dtype)
     return np.float32(x) if dt in (F16_STORE, BF16_STORE) else dt.type(x)
 
 
 def sixteen(row):
     """Whether ``row`` is a 16-bit float column (a compile-time constant in kernels)."""
-    return np.asarray(row).dtype in (F16_STORE, BF16_STORE)
+    return np.dtype(row.dtype) in (F16_STORE, BF16_STORE)
 
 
 def _sixteen(row):

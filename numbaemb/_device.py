@@ -46,6 +46,12 @@ class HostArrays:
     def exists(self, exists, key_shape):
         return _checks.as_exists(exists, key_shape)
 
+    def operands(self, values, key_shape, dim, dtype, name):
+        """``values`` checked as ``dtype`` values, in the dtype row arithmetic uses
+        (float32 for 16-bit floats: exactly their values)."""
+        exact = self.values(values, key_shape, dim, dtype, name)
+        return exact.astype(_checks.compute_dtype(dtype), copy=False)
+
     def host(self, a):
         return a
 
@@ -141,14 +147,33 @@ class DeviceArrays:
             if d is None:
                 arr = _checks.as_values(values, key_shape, dim, dtype, name)
                 return self.cuda.to_device(arr)
-            if d.dtype.kind not in "fiu":
+            if not _checks.is_real(d.dtype):
                 raise _checks.DtypeError(f"{name} must hold real numbers ({dtype} for this table), "
                                 f"got dtype {d.dtype}")
             want = tuple(key_shape) + (dim,)
             if tuple(d.shape) != want:
                 raise ValueError(f"{name} must have shape keys.shape + (dim,) = {want}, "
                                  f"got {tuple(d.shape)}")
+            store = _checks.storage_dtype(dtype)
+            if store != np.dtype(dtype) and d.dtype != np.dtype(dtype):
+                # 16-bit floats from wider ones: rounded into their bits on the device
+                out = self.cuda.device_array(d.shape, store)
+                if d.size:
+                    self.k.narrow(d.reshape(-1), out.reshape(-1))
+                return out.view(np.dtype(dtype)).reshape(-1, dim)
             return self._cast(d, np.dtype(dtype)).reshape(-1, dim)
+
+    def operands(self, values, key_shape, dim, dtype, name):
+        """As ``HostArrays.operands``, on the device."""
+        exact = self.values(values, key_shape, dim, dtype, name)
+        store = _checks.storage_dtype(dtype)
+        if store == np.dtype(dtype):
+            return exact
+        with self.on():
+            out = self.cuda.device_array(exact.shape, np.float32)
+            if exact.size:
+                self.k.widen(exact.view(store).reshape(-1), out.reshape(-1))
+            return out
 
     def exists(self, exists, key_shape):
         with self.on():

@@ -221,11 +221,7 @@ class Variable:
     def _operands(self, values, shape, name):
         """``values`` for arithmetic on rows (accum): in the compute dtype (float32 for
         16-bit floats: their values exactly), see :func:`_checks.compute_dtype`."""
-        dt = _checks.compute_dtype(self.value_dtype)
-        if dt == self.value_dtype:
-            return self._arrays.values(values, shape, self.dim, dt, name)
-        exact = self._arrays.values(values, shape, self.dim, self.value_dtype, name)
-        return exact.astype(dt)
+        return self._arrays.operands(values, shape, self.dim, self.value_dtype, name)
 
     def _shown(self, rows):
         """Rows as stored, seen as the value dtype (16-bit floats: a view of their bits)."""

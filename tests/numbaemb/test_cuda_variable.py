@@ -277,3 +277,30 @@ def test_integer_values_match_cpu_variable(value_dtype):
         t.accum(keys, old, old + 1, exists)
     np.testing.assert_array_equal(host(gpu.lookup(keys)), cpu.lookup(keys))
     assert host(gpu.lookup(keys)).dtype == value_dtype
+
+
+HALF = [np.float16] + (["bfloat16"] if ne._checks.BFLOAT16 is not None else [])
+
+
+@pytest.mark.parametrize("value_dtype", HALF)
+def test_half_values_match_cpu_variable(value_dtype, cuda):
+    """16-bit float tables: initial values, float32 inputs rounded on the device, accum in
+    float32 rounded once: the same bits as the CPU table."""
+    gpu, cpu = pair(value_dtype=value_dtype, num_shards=2)
+    keys = np.array(EXTREMES + [5, 5, 9], np.int64)
+    vals = (np.arange(keys.size * DIM).reshape(-1, DIM) / 7).astype(np.float32)
+    gpu.upsert(cuda.to_device(keys[:3]), cuda.to_device(vals[:3]))     # float32 on the device
+    cpu.upsert(keys[:3], vals[:3])
+    for t in (gpu, cpu):
+        t.find_or_insert(keys)
+    bits = lambda a: host(a).view(np.uint16)                            # noqa: E731
+    assert np.array_equal(bits(gpu.lookup(keys)), bits(cpu.lookup(keys)))
+    exists = np.ones(keys.size, bool)
+    for t in (gpu, cpu):
+        old = host(t.lookup(keys))
+        t.accum(keys, old, old.astype(np.float32) + np.float32(0.3), exists)
+    assert host(gpu.lookup(keys)).dtype == cpu.value_dtype
+    assert np.array_equal(bits(gpu.lookup(keys)), bits(cpu.lookup(keys)))
+    gk, gv = gpu.export()
+    ck, cv = cpu.export()
+    assert np.array_equal(bits(gv)[np.argsort(host(gk))], bits(cv)[np.argsort(ck)])
