@@ -126,7 +126,7 @@ class DistributedVariable(Variable):
                               name=name, initializer=initializer, init_size=init_size,
                               seed=seed)
         for attr in ("dim", "key_dtype", "value_dtype", "num_shards", "name", "initializer",
-                     "seed", "device", "max_hbm_bytes", "_arrays"):
+                     "seed", "device", "max_hbm_bytes", "_arrays", "_store"):
             setattr(self, attr, getattr(self.local, attr))
         self.partitioner = partitioner
 

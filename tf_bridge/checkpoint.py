@@ -161,8 +161,8 @@ def table_state(variable) -> dict:
             "key_dtype": _checks.dtype_name(table.key_dtype), "value_dtype": table.value_dtype.name,
             "num_shards": int(table.num_shards), "size": int(n), "row_bytes": offset,
             "columns": columns}
-    values = np.concatenate(parts["values"]).reshape(n, table.dim).astype(table.value_dtype,
-                                                                          copy=False)
+    values = np.concatenate(parts["values"]).reshape(n, table.dim)
+    values = values.view(table.value_dtype) if table._store != table.value_dtype else values
     column_bytes = (np.concatenate(blobs, axis=1) if blobs else np.empty((n, 0), np.uint8))
     return {"keys": saved_keys, "values": np.ascontiguousarray(values),
             "columns": json.dumps(meta), "column_bytes": np.ascontiguousarray(column_bytes)}
@@ -307,7 +307,8 @@ def restore_table_state(variable, state):
         typed = keys.astype(table._id_dtype)
         for shard, pos, k in table._parts(typed, keys):
             rows, _ = shard.find_or_insert(k)      # every column gets its initial value
-            shard.columns["values"].data[rows] = values if pos is None else values[pos]
+            stored = values.view(table._store)     # 16-bit floats: their bits
+            shard.columns["values"].data[rows] = stored if pos is None else stored[pos]
             for name, _, _, _, data in cols:
                 shard.columns[name].data[rows] = data if pos is None else data[pos]
     forget = getattr(variable, "_forget_all", None)

@@ -7,7 +7,8 @@
   sees anything else.  TF takes only the unversioned capsule (``__dlpack__()``).
 * ``from_tf(tensor)``: ``tf.Tensor`` -> read-only numpy view (``np.from_dlpack``).
   String tensors (no DLPack for them) come and go as object arrays of ``bytes``,
-  copied.
+  copied; bfloat16 ones (not in DLPack either) as their bits (int16, zero-copy),
+  seen as ``ml_dtypes.bfloat16``.
 * ``numpy_call(fn, inputs, tout)``: run a numpy function on tensors; eagerly it
   goes through DLPack, inside ``tf.function`` through ``tf.numpy_function``
   (which hands its inputs over without a copy and keeps 64-byte aligned
@@ -31,6 +32,7 @@ from numbaemb import aligned_empty, is_aligned
 __all__ = ["to_tf", "from_tf", "aligned", "numpy_call", "STATS", "reset_stats"]
 
 _tf_from_dlpack = tf.experimental.dlpack.from_dlpack     # module attribute: tests spy on it
+_BF16 = np.dtype(tf.bfloat16.as_numpy_dtype)              # ml_dtypes.bfloat16
 
 
 @dataclass
@@ -84,6 +86,8 @@ def to_tf(array) -> tf.Tensor:
     arr = aligned(array)
     if arr.dtype.kind in "OSU":      # strings (bytes): no DLPack for them, TF copies
         return tf.constant(arr, tf.string)
+    if arr.dtype == _BF16:           # no bfloat16 in DLPack: its bits go, as int16
+        return tf.bitcast(to_tf(arr.view(np.int16)), tf.bfloat16)
     if arr.size == 0:              # no buffer to share (and numpy's may be unaligned)
         return tf.zeros(arr.shape, tf.as_dtype(arr.dtype))
     assert arr.ctypes.data % 64 == 0 and arr.flags.c_contiguous
@@ -103,6 +107,8 @@ def from_tf(tensor) -> np.ndarray:
         return np.asarray(tensor)
     if tensor.dtype == tf.string:    # no DLPack for strings: an object array of bytes
         return tensor.numpy()
+    if tensor.dtype == tf.bfloat16:  # no bfloat16 in DLPack: its bits, seen as bfloat16
+        return from_tf(tf.bitcast(tensor, tf.int16)).view(_BF16)
     _count("from_tf")
     if "CPU" not in tensor.device.upper():
         _count("from_tf_copies")

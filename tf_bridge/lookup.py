@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from jit_kernels.segment import gather_rows, segment_sum_into, unique_inverse
 from numbaemb import aligned_empty
+from numbaemb._checks import storage_dtype
 from numbaemb._memory import BufferPool
 
 from . import mode
@@ -186,7 +187,9 @@ def unique_lookup(params, ids, handle=None):
         if stash:
             _keep_fresh(params, uniq, rows, exists, shared=distinct)
         if not distinct:                 # spread the rows to every position
-            rows = gather_rows(rows, inverse, _pool(params).empty((n, dim), rows.dtype))
+            shown, store = rows.dtype, storage_dtype(rows.dtype)   # 16-bit floats: bits
+            out = _pool(params).empty((n, dim), store)
+            rows = gather_rows(rows.view(store), inverse, out).view(shown)
         rows = rows.reshape(n, dim)
         return (rows, uniq.astype(key_np, copy=False), inverse) if train else (rows,)
 
@@ -295,7 +298,7 @@ def _sum_by_inverse(params, uniq, inverse, dy):
         values, every = dy.values, False
     else:
         values, every = tf.convert_to_tensor(dy), True
-    values = tf.reshape(values, [-1, params.dim])
+    values = tf.cast(tf.reshape(values, [-1, params.dim]), params.grad_dtype)
     return _segment_sums(params, uniq, inverse, values, every)
 
 
@@ -348,16 +351,17 @@ def sum_by_key(params, ids, dy, distinct=None):
         distinct = is_distinct(ids)
     if distinct:
         if isinstance(dy, tf.IndexedSlices) and ids.shape.rank == 1:
-            return _segment_sums(params, flat, dy.indices,
-                                 tf.reshape(dy.values, [-1, params.dim]), False)
-        values = tf.reshape(tf.convert_to_tensor(dy), [-1, params.dim])
+            return _segment_sums(params, flat, dy.indices, tf.cast(
+                tf.reshape(dy.values, [-1, params.dim]), params.grad_dtype), False)
+        values = tf.cast(tf.reshape(tf.convert_to_tensor(dy), [-1, params.dim]),
+                         params.grad_dtype)
         return tf.IndexedSlices(values, _mark_distinct(tf.identity(flat)))
     if isinstance(dy, tf.IndexedSlices):
         if ids.shape.rank == 1:        # rows of the output are ids: keep it sparse
             flat, dy = tf.gather(flat, dy.indices), dy.values
         else:
             dy = tf.convert_to_tensor(dy)
-    dy = tf.reshape(dy, [-1, params.dim])
+    dy = tf.cast(tf.reshape(dy, [-1, params.dim]), params.grad_dtype)   # 16-bit: float32
     key_np = params.id_dtype.as_numpy_dtype
 
     def run(keys, grads):

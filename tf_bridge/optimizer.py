@@ -301,7 +301,7 @@ def apply_dynamic(var, grads, step, lr, rule, bp_v2=None, prepare=None):
             raise ValueError(f"the gradient of {var.name!r} must have values of shape "
                              f"(n, {var.dim}), got {g.values.shape}")
         keys.append(g.indices)
-        values.append(tf.cast(g.values, var.value_dtype))
+        values.append(tf.cast(g.values, var.grad_dtype))   # 16-bit tables: float32
     distinct = len(keys) == 1 and is_distinct(keys[0])
     keys = keys[0] if len(keys) == 1 else tf.concat(keys, 0)
     values = values[0] if len(values) == 1 else tf.concat(values, 0)

@@ -97,7 +97,10 @@ def init_values(keys, dim, params, dtype):
     if kind == k.ZEROS:
         return tf.zeros([n, dim], dtype)
     if kind == k.CONSTANT:
-        return tf.tile(tf.constant(np.asarray(const[:dim], np.float64)[None, :].astype(dtype.as_numpy_dtype)), [n, 1])
+        row = np.asarray(const[:dim], np.float64)[None, :]
+        if dtype in (tf.float16, tf.bfloat16):   # as the kernels: float32 first, then rounded
+            row = row.astype(np.float32)
+        return tf.tile(tf.constant(row.astype(dtype.as_numpy_dtype)), [n, 1])
     u = uniform01(keys, dim, seed)
     a32, b32 = _f32(a), _f32(b)
     if kind == k.UNIFORM:

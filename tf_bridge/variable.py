@@ -113,7 +113,7 @@ def as_string_keys(keys, name="keys"):
 def _as_real(values, name, dtype):
     if not isinstance(values, (tf.Tensor, tf.Variable)):
         values = np.asarray(values)
-        if values.dtype.kind not in "fiu":
+        if not _checks.is_real(values.dtype):
             raise DtypeError(f"{name} must hold real numbers, got dtype {values.dtype}")
     values = tf.convert_to_tensor(values)
     if not (values.dtype.is_floating or values.dtype.is_integer):
@@ -285,6 +285,10 @@ class Variable(tf.__internal__.tracking.Trackable):
                       doc="The trainable handle's resource: what the tape differentiates.")
     string_keys = property(lambda self: self.key_dtype == tf.string,
                            doc="Whether keys are strings (``key_dtype=tf.string``).")
+    grad_dtype = property(lambda self: tf.as_dtype(_checks.compute_dtype(
+                              self.value_dtype.as_numpy_dtype)),
+                          doc="The dtype of gradients and optimizer math: the value dtype, "
+                              "float32 for float16 / bfloat16 tables (rounded once on store).")
     id_dtype = property(lambda self: tf.int64 if self.string_keys else self.key_dtype,
                         doc="The dtype of the ids rows are stored under (gradient "
                             "indices): the key dtype, int64 for string keys.")
