@@ -142,13 +142,13 @@ def _sixteen(row):
     return isinstance(row, types.Array) and row.dtype in (types.uint16, types.int16)
 
 
-@overload(sixteen)
+@overload(sixteen, inline="always")
 def _sixteen_ol(row):
     flag = _sixteen(row)
     return lambda row: flag
 
 
-@overload(load)
+@overload(load, inline="always")
 def _load(row, c):
     if isinstance(row, types.Array) and row.dtype == types.uint16:
         return lambda row, c: f16_to_f32(row[c])
@@ -157,7 +157,7 @@ def _load(row, c):
     return lambda row, c: row[c]
 
 
-@overload(store)
+@overload(store, inline="always")
 def _store(row, c, v):
     if isinstance(row, types.Array) and row.dtype == types.uint16:
         def f16(row, c, v):
@@ -173,7 +173,7 @@ def _store(row, c, v):
     return plain
 
 
-@overload(compute_cast)
+@overload(compute_cast, inline="always")
 def _compute_cast(row, x):
     if _sixteen(row):
         return lambda row, x: np.float32(x)
