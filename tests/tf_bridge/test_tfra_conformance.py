@@ -83,3 +83,27 @@ def test_safe_lookup_treats_negative_ids_as_keys():
     w = tf.SparseTensor(sp.indices, [1.0, 0.0, 2.0], sp.dense_shape)
     got = de.safe_embedding_lookup_sparse(v, sp, w, combiner="mean").numpy()
     assert np.allclose(got, [rows[0], rows[2]])                 # 3 pruned: weight 0
+
+
+@pytest.mark.parametrize("key_dtype", [tf.int32, tf.int64, tf.string], ids=lambda d: d.name)
+@pytest.mark.parametrize("value_dtype", [tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16,
+                                         tf.float32, tf.float64], ids=lambda d: d.name)
+def test_every_key_and_value_dtype_pair(key_dtype, value_dtype):
+    """TFRA's variable test loop: every key dtype with every value dtype, as TFRA's
+    tests write them (keys and values built with tf.constant / tf.cast)."""
+    raw = [0, 1, -1, 2 ** 30, -(2 ** 30)]
+    keys = (tf.constant([b"%d" % k for k in raw]) if key_dtype == tf.string
+            else tf.constant(raw, key_dtype))
+    values = tf.cast(tf.reshape(tf.range(10), [5, 2]) - 4, value_dtype)
+    v = de.get_variable(f"tfra_pair_{key_dtype.name}_{value_dtype.name}", key_dtype,
+                        value_dtype, dim=2, initializer=-1)
+    v.upsert(keys, values)
+    got = v.lookup(keys)
+    assert got.dtype == value_dtype
+    assert np.array_equal(tf.cast(got, tf.float64).numpy(), tf.cast(values, tf.float64).numpy())
+    v.remove(keys[:2])
+    got, exists = v.lookup(keys, return_exists=True)
+    assert exists.numpy().tolist() == [False, False, True, True, True]
+    assert np.all(tf.cast(got[:2], tf.float64).numpy() == -1)
+    k, x = v.export()
+    assert int(v.size()) == 3 and k.dtype == key_dtype and x.dtype == value_dtype
