@@ -269,7 +269,17 @@ def _variable_manifest(variable):
             "name": variable.name, "seed": int(variable.seed), "initializer": cfg,
             "partitioner": "default" if part is None or part is default_partitioner else "custom",
             "device": getattr(variable, "device", "cpu"),
-            "max_hbm_bytes": getattr(variable, "max_hbm_bytes", None)}
+            "max_hbm_bytes": getattr(variable, "max_hbm_bytes", None),
+            **_bounded_manifest(variable)}
+
+
+def _bounded_manifest(variable):
+    """A bounded table's configuration and clocks (nothing for other tables)."""
+    if getattr(variable, "max_capacity", None) is None:
+        return {}
+    return {"max_capacity": int(variable.max_capacity), "evict": variable.evict,
+            "evict_window": int(variable.evict_window), "clock": int(variable._clock),
+            "epoch": variable._epoch, "last_step": int(variable._last_step)}
 
 
 def _write_archive(variable, fileobj):
@@ -487,10 +497,12 @@ def read_config(ar):
     if not isinstance(saved_device, str) or not (
             saved_hbm is None or isinstance(saved_hbm, int) and not isinstance(saved_hbm, bool)):
         raise _corrupt(path, "bad variable configuration (device, max_hbm_bytes)")
+    bounded = {k: var[k] for k in ("max_capacity", "evict", "evict_window", "clock", "epoch",
+                                   "last_step") if k in var}
     return dict(path=path, dim=dim, num_shards=saved_n, name=name, seed=seed,
                 key_dtype=key_dtype, value_dtype=value_dtype, initializer=initializer,
                 default=var.get("partitioner", "default") == "default", device=saved_device,
-                max_hbm_bytes=saved_hbm)
+                max_hbm_bytes=saved_hbm, bounded=bounded)
 
 
 def make_variable(cfg, Variable, num_shards, partitioner, device, max_hbm_bytes, **extra):
@@ -506,11 +518,22 @@ def make_variable(cfg, Variable, num_shards, partitioner, device, max_hbm_bytes,
     hbm = max_hbm_bytes if max_hbm_bytes is not None else (cfg["max_hbm_bytes"] if on_gpu else None)
     kwargs = {} if target_device == "cpu" and hbm is None else \
         dict(device=target_device, max_hbm_bytes=hbm)
+    bounded = cfg.get("bounded") or {}
+    if bounded and n_target != 1:
+        raise ValueError(f"checkpoint {path} holds a bounded table (max_capacity), which has "
+                         f"one shard: load it with num_shards=None or 1, got {n_target}")
+    if bounded:
+        kwargs.update(max_capacity=bounded.get("max_capacity"), evict=bounded.get("evict"),
+                      evict_window=bounded.get("evict_window"))
     try:
-        return Variable(cfg["dim"], key_dtype=cfg["key_dtype"], value_dtype=cfg["value_dtype"],
-                        num_shards=n_target, partitioner=partitioner, name=cfg["name"],
-                        initializer=cfg["initializer"], seed=cfg["seed"], **kwargs, **extra)
-    except (TypeError, ValueError) as e:
+        v = Variable(cfg["dim"], key_dtype=cfg["key_dtype"], value_dtype=cfg["value_dtype"],
+                     num_shards=n_target, partitioner=partitioner, name=cfg["name"],
+                     initializer=cfg["initializer"], seed=cfg["seed"], **kwargs, **extra)
+        if bounded:             # the clocks go on from where they were
+            v._clock, v._last_step = int(bounded["clock"]), int(bounded["last_step"])
+            v._epoch = None if bounded["epoch"] is None else int(bounded["epoch"])
+        return v
+    except (TypeError, ValueError, KeyError) as e:
         raise _corrupt(path, f"bad variable configuration ({e})") from None
     except RuntimeError as e:
         if device is None and on_gpu:
@@ -567,9 +590,13 @@ def fill(v, archives, identity=False, keep=None):
     if columns and not _init_equal(columns["values"][2], v.shards[0].columns["values"].init):
         raise _corrupt(archives[0].path, "values initializer params do not match the "
                        "initializer config")
-    for shard in v.shards:
+    for shard, c in zip(v.shards, counts):
+        limit = getattr(shard, "limit", None)
+        if limit is not None and c > limit:
+            raise ValueError(f"checkpoint {archives[0].path} holds {c} keys, more than the "
+                             f"max_capacity {limit} of the table it is loaded into")
         for cname, (width, dt, init) in columns.items():
-            if cname != "values":
+            if cname != "values" and cname not in shard.columns:   # (a bounded one's score)
                 shard.add_column(cname, width, dt, init)
 
     # Reserve every target exactly once.

@@ -297,18 +297,24 @@ def apply_gradients(variable, optimizer, ids, grads, *, step, learning_rate=None
     with variable._lock.write():
         _add_slot_columns(variable, optimizer)
         names = [optimizer.column(name) for name, _ in optimizer.slots()]
+        variable._last_step = step                  # the default epoch of bounded tables
+        kw = variable._bound_kw(None, uniq.shape)
         for shard, pos, k in variable._parts(uniq.astype(variable._id_dtype, copy=False), uniq):
             fresh = w0 = None
             if init_vals is None:
-                rows, _ = shard.find_or_insert(k)
+                rows, _ = shard.find_or_insert(k, **kw)
             else:       # new rows are started by the update itself, in one pass
                 rows, fresh, w0 = shard.find_or_insert_for_update(
                     k, init_vals if pos is None else init_vals[pos],
-                    init_ok if pos is None else init_ok[pos], names)
+                    init_ok if pos is None else init_ok[pos], names, **kw)
+            g = sums if pos is None else sums[pos]
+            ok = rows >= 0          # a bounded table drops the ids it did not admit
+            if not ok.all():
+                rows, g = rows[ok], g[ok]
+                fresh, w0 = (None, None) if fresh is None else (fresh[ok], w0[ok])
             cols = {name: shard.columns[optimizer.column(name)].data
                     for name, _ in optimizer.slots()}
-            optimizer._update(shard.values, cols, rows, sums if pos is None else sums[pos],
-                              lr, step, fresh, w0)
+            optimizer._update(shard.values, cols, rows, g, lr, step, fresh, w0)
 
 
 def _add_slot_columns(variable, optimizer):

@@ -223,7 +223,7 @@ class Shard(IndexedRows):
         k.find_rows(self.slots, self.mask, keys, rows)
         return rows
 
-    def find_or_insert_for_update(self, keys, values, valid, columns):
+    def find_or_insert_for_update(self, keys, values, valid, columns, **kw):
         """Rows of ``keys`` for an update that starts the new rows itself, in its own
         pass (:mod:`jit_kernels.optimizers`' ``fresh`` rows): returns ``(rows,
         inserted, w0)``.  Absent keys are inserted; their columns other than
@@ -240,7 +240,7 @@ class Shard(IndexedRows):
         >>> new.tolist(), w0.ravel().tolist()
         ([True, True], [5.0, 9.0])
         """
-        rows, inserted = self._insert(keys)
+        rows, inserted = self._insert(keys, **kw)       # kw: a bounded shard's
         self._init_new(rows, keys, inserted, skip=("values", *columns))
         draw = inserted & ~valid
         if draw.any():

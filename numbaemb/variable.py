@@ -87,6 +87,13 @@ class Variable:
         across its ranks and the result is a
         :class:`numbaemb.distributed.DistributedVariable` (every op collective);
         ``None`` or one rank: this process holds every key.
+      max_capacity: None (default: the table grows), or the most keys it may hold: an
+        insert into a full table evicts the lowest-scored key of the new key's window
+        (:mod:`numbaemb.bounded`; one shard, CPU, one process).
+      evict: the score of a bounded table: ``"lru"`` (default), ``"lfu"``,
+        ``"epoch_lru"``, ``"epoch_lfu"`` (epoch from :meth:`set_epoch`, else the last
+        optimizer step) or ``"custom"`` (``scores=`` of ``find_or_insert`` / ``upsert``).
+      evict_window: index slots a new key looks at for its victim (default 32).
 
     Limits (attributes, None by default): ``key_range = (lo, hi)`` makes every op
     reject keys outside ``[lo, hi)`` with a ValueError before it changes anything;
@@ -116,7 +123,8 @@ class Variable:
 
     def __init__(self, dim, *, key_dtype=np.int64, value_dtype=np.float32, num_shards=1,
                  partitioner=None, name=None, initializer=None, init_size=0, seed=None,
-                 device="cpu", max_hbm_bytes=None, comm=None):
+                 device="cpu", max_hbm_bytes=None, comm=None, max_capacity=None,
+                 evict="lru", evict_window=32):
         self.dim = _checks.positive_int(dim, "dim")
         self.key_dtype = _checks.key_dtype(key_dtype)
         self.value_dtype = _checks.value_dtype(value_dtype)
@@ -140,7 +148,15 @@ class Variable:
                 raise ValueError("max_hbm_bytes needs a CUDA device (device='cuda')")
         self.device = "cpu" if device_id is None else f"cuda:{device_id}"
         self.max_hbm_bytes = max_hbm_bytes
-        if device_id is None:
+        self.max_capacity, self.evict, self.evict_window = _bounds(
+            max_capacity, evict, evict_window, self.num_shards, device_id)
+        self._clock, self._epoch, self._last_step = 0, None, 0
+        if self.max_capacity is not None:
+            from .bounded import BoundedShard
+            self._arrays = HostArrays()
+            self.shards = [BoundedShard(self.dim, self._store, params, self.max_capacity,
+                                        self.evict, self.evict_window, init_size)]
+        elif device_id is None:
             self._arrays = HostArrays()
             self.shards = [Shard(self.dim, self._store, params, per_shard)
                            for _ in range(self.num_shards)]
@@ -159,7 +175,8 @@ class Variable:
                     value_dtype=self.value_dtype.name, num_shards=self.num_shards,
                     partitioner=self.partitioner, name=self.name,
                     initializer=self.initializer, seed=self.seed, device=self.device,
-                    max_hbm_bytes=self.max_hbm_bytes)
+                    max_hbm_bytes=self.max_hbm_bytes, max_capacity=self.max_capacity,
+                    evict=self.evict, evict_window=self.evict_window)
 
     @property
     def _id_dtype(self):
@@ -272,12 +289,23 @@ class Variable:
         return keys, self._shown(rows) if column == "values" else rows
 
     # ---- writes ----------------------------------------------------------------------
-    def find_or_insert(self, keys, return_exists=False):
-        """Like ``lookup``, but absent keys are inserted with their initial values."""
+    def find_or_insert(self, keys, return_exists=False, return_evicted=False, scores=None):
+        """Like ``lookup``, but absent keys are inserted with their initial values.
+
+        Bounded tables (``max_capacity``): a key that is not admitted gets its initial
+        values and is reported absent; ``scores`` (int64, ``keys.shape``) are the
+        ``"custom"`` policy's; ``return_evicted`` adds ``(evicted_keys (m,),
+        evicted_values (m, dim))`` to the result, or with ``return_evicted="columns"``
+        a dict of every evicted column (optimizer slots, the score)."""
         keys, flat = self._keys(keys, insert=True)
         n, a = flat.shape[0], self._arrays
         out = a.empty((n, self.dim), self._store)
         exists = a.empty(n, np.bool_)
+        if self.max_capacity is not None:
+            return self._bounded_find_or_insert(keys, flat, out, return_exists,
+                                                return_evicted, scores)
+        if return_evicted or scores is not None:
+            raise ValueError("return_evicted and scores are for bounded tables (max_capacity)")
         with self._lock.write():
             for shard, pos, k in self._parts(keys, flat):
                 if pos is None:
@@ -300,14 +328,64 @@ class Variable:
                 seq = a.cuda.to_device(seq)
         return out, seq.reshape(keys.shape)
 
-    def upsert(self, keys, values):
+    def upsert(self, keys, values, scores=None):
         """Insert or overwrite ``keys`` with ``values`` (shape ``keys.shape + (dim,)``).
-        For a key repeated in the batch the last value wins."""
+        For a key repeated in the batch the last value wins.  Bounded tables: a key
+        that is not admitted keeps no value; ``scores``: see ``find_or_insert``."""
         keys, flat = self._keys(keys, insert=True)
         values = self._values(values, keys.shape)
         with self._lock.write():
+            kw = self._bound_kw(scores, keys.shape)
             for shard, pos, k in self._parts(keys, flat):
-                shard.upsert(k, values if pos is None else self._arrays.take(values, pos))
+                shard.upsert(k, values if pos is None else self._arrays.take(values, pos), **kw)
+
+    # ---- bounded tables (numbaemb.bounded) ------------------------------------------------
+    def set_epoch(self, epoch):
+        """The epoch of ``"epoch_lru"`` / ``"epoch_lfu"`` scores (an int >= 0)."""
+        self._epoch = _checks.positive_int(epoch, "epoch", minimum=0)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch set by :meth:`set_epoch`, else the last optimizer step (0 before)."""
+        return self._last_step if self._epoch is None else self._epoch
+
+    def _bound_kw(self, scores, shape):
+        """Keyword arguments of a bounded shard's inserting call (caller holds the write
+        lock; each call is one tick of the LRU clock); ``{}`` for other tables."""
+        if self.max_capacity is None:
+            if scores is not None:
+                raise ValueError("scores are for bounded tables (max_capacity, evict='custom')")
+            return {}
+        if scores is not None:
+            if self.evict != "custom":
+                raise ValueError(f"scores are for evict='custom', this table's is {self.evict!r}")
+            scores = _checks.flat_int64(_checks.as_keys(scores, np.dtype(np.int64), "scores"))
+            if scores.shape[0] != int(np.prod(shape, dtype=np.int64)):
+                raise ValueError(f"scores must have the shape of keys {tuple(shape)}")
+        self._clock += 1
+        return dict(scores=scores, epoch=self.epoch, clock=self._clock)
+
+    def _bounded_find_or_insert(self, keys, flat, out, return_exists, return_evicted, scores):
+        if return_evicted not in (False, True, "columns"):
+            raise ValueError(f"return_evicted must be False, True or 'columns', got "
+                             f"{return_evicted!r}")
+        (shard,) = self.shards
+        with self._lock.write():
+            kw = self._bound_kw(scores, keys.shape)
+            rows, inserted = shard.find_or_insert(flat, out=out, evicted=bool(return_evicted),
+                                                  **kw)
+            ev_keys, ev_cols = shard.last_evicted
+        result = [self._shown(out).reshape(keys.shape + (self.dim,))]
+        if return_exists:
+            result.append(((rows >= 0) & ~inserted).reshape(keys.shape))
+        if return_evicted:
+            ev_keys = ev_keys.astype(self._id_dtype)
+            if return_evicted == "columns":
+                cols = dict(ev_cols, values=self._shown(ev_cols["values"]))
+                result += [ev_keys, cols]
+            else:
+                result += [ev_keys, self._shown(ev_cols["values"])]
+        return result[0] if len(result) == 1 else tuple(result)
 
     def accum(self, keys, old_values, new_values, exists):
         """Add ``new - old`` where the key is present and ``exists``; insert ``new``
@@ -403,3 +481,20 @@ def get_variable(name, dim, **kwargs) -> Variable:
         raise ValueError(f"variable {name!r} already exists with another configuration: "
                          + ", ".join(f"{k}: existing {a!r}, requested {b!r}" for k, (a, b) in diff.items()))
     return old
+
+
+def _bounds(max_capacity, evict, window, num_shards, device_id):
+    """Checked ``(max_capacity, evict, window)`` of a bounded table (None, ... if not)."""
+    from .bounded import POLICIES
+    if evict not in POLICIES:
+        raise ValueError(f"evict must be one of {list(POLICIES)}, got {evict!r}")
+    window = _checks.positive_int(window, "evict_window")
+    if max_capacity is None:
+        return None, evict, window
+    max_capacity = _checks.positive_int(max_capacity, "max_capacity")
+    if num_shards != 1:
+        raise ValueError(f"a bounded table (max_capacity) has one shard (its kernels run in "
+                         f"parallel within it), got num_shards={num_shards}")
+    if device_id is not None:
+        raise NotImplementedError("bounded tables (max_capacity) run on the CPU so far")
+    return max_capacity, evict, window

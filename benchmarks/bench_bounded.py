@@ -1,0 +1,143 @@
+"""Bounded tables: the cost of evicting inserts, and hit rates on a drifting stream.
+
+Prints two Markdown tables.
+
+1. ``find_or_insert`` of batches of new keys into a *full* bounded table (load
+   factor 1.0: every insert evicts the lowest-scored key of its window) against the
+   same batches into an unbounded table holding the same number of keys (index at
+   load <= 0.5 after the insert, no eviction), alternated in one process, median.
+   The issue's target: the bounded one within 1.5x.
+2. Hit rates of a drifting Zipf stream (ids ``zipf(a) + drift * batch``, so the
+   popular ids move) into a bounded table of ``--capacity`` keys with LRU and LFU,
+   beside an exact LRU cache of the same size (an ``OrderedDict``): a hit is an id
+   already in the table when its batch arrives.
+
+    python benchmarks/bench_bounded.py                 # 1M keys, batches of 100k
+    python benchmarks/bench_bounded.py --quick         # smoke run
+    python benchmarks/bench_bounded.py --stream 100000000 --capacity 1000000   # long run
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections import OrderedDict
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+
+def eviction_cost(args):
+    import numbaemb as ne
+    rng = np.random.default_rng(0)
+    n, b, dim = args.keys, args.batch, args.dim
+    keys = rng.permutation(np.arange(n + b * (args.repeats + 2), dtype=np.int64) * 7919 + 13)
+    base, extra = keys[:n], keys[n:]
+    bounded = ne.Variable(dim, max_capacity=n, evict=args.evict)
+    plain = ne.Variable(dim)
+    for lo in range(0, n, b):
+        bounded.find_or_insert(base[lo:lo + b])
+        plain.find_or_insert(base[lo:lo + b])
+    batches = iter(range(10 ** 9))
+
+    def next_batch():
+        i = next(batches) % (args.repeats + 2)
+        return extra[i * b:(i + 1) * b]
+
+    t_plain, t_bounded = [], []
+    for _ in range(args.repeats + 1):
+        k = next_batch()
+        t0 = time.perf_counter()
+        plain.find_or_insert(k)
+        t_plain.append(time.perf_counter() - t0)
+        plain.remove(k)
+        t0 = time.perf_counter()
+        bounded.find_or_insert(k)        # full: every key evicts one
+        t_bounded.append(time.perf_counter() - t0)
+    tp, tb = statistics.median(t_plain[1:]), statistics.median(t_bounded[1:])
+    assert bounded.size() == n
+    return tp, tb, plain.shards[0].n_full / plain.shards[0].capacity
+
+
+def exact_lru_hits(stream, capacity, batch):
+    cache, hits = OrderedDict(), 0
+    for lo in range(0, stream.shape[0], batch):
+        ids = stream[lo:lo + batch].tolist()
+        hits += sum(1 for x in ids if x in cache)
+        for x in ids:
+            if x in cache:
+                cache.move_to_end(x)
+            else:
+                cache[x] = None
+                if len(cache) > capacity:
+                    cache.popitem(last=False)
+    return hits / stream.shape[0]
+
+
+def table_hits(stream, capacity, batch, evict, window):
+    import numbaemb as ne
+    v = ne.Variable(1, max_capacity=capacity, evict=evict, evict_window=window)
+    hits = 0
+    for lo in range(0, stream.shape[0], batch):
+        ids = stream[lo:lo + batch]
+        hits += int(v.lookup(ids, return_exists=True)[1].sum())
+        v.find_or_insert(ids)
+    return hits / stream.shape[0]
+
+
+def drifting_zipf(n, batch, a, drift, seed=1):
+    rng = np.random.default_rng(seed)
+    out = np.empty(n, np.int64)
+    for i, lo in enumerate(range(0, n, batch)):
+        m = min(batch, n - lo)
+        out[lo:lo + m] = (rng.zipf(a, m) + drift * i) % (1 << 40)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--keys", type=int, default=1_000_000, help="keys in the full tables")
+    ap.add_argument("--batch", type=int, default=100_000)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--evict", default="lru")
+    ap.add_argument("--stream", type=int, default=2_000_000, help="ids in the stream test")
+    ap.add_argument("--capacity", type=int, default=50_000, help="table size, stream test")
+    ap.add_argument("--stream-batch", type=int, default=10_000)
+    ap.add_argument("--zipf", type=float, default=1.1)
+    ap.add_argument("--drift", type=int, default=500, help="id shift per batch")
+    ap.add_argument("--window", type=int, default=32)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    if args.quick:
+        args.keys, args.batch, args.repeats = 100_000, 10_000, 3
+        args.stream, args.capacity = 200_000, 5_000
+    import numba
+    tp, tb, load = eviction_cost(args)
+    print(f"keys {args.keys:,}; batch {args.batch:,} new keys; dim {args.dim}; evict "
+          f"{args.evict}; numba threads {numba.get_num_threads()}; cpus {os.cpu_count()}; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print("| find_or_insert of new keys | keys/s | ratio to unbounded | target |")
+    print("|---|---|---|---|")
+    print(f"| unbounded table (index load {load:.2f} after) | {args.batch / tp / 1e6:.2f} M/s "
+          "| 1.00x | |")
+    print(f"| bounded table, full (every insert evicts) | {args.batch / tb / 1e6:.2f} M/s | "
+          f"{tb / tp:.2f}x slower | <= 1.5x: {'PASS' if tb / tp <= 1.5 else 'MISS'} |")
+    stream = drifting_zipf(args.stream, args.stream_batch, args.zipf, args.drift)
+    print()
+    print(f"stream: {args.stream:,} ids, zipf({args.zipf}) drifting {args.drift} ids a batch "
+          f"of {args.stream_batch:,}; capacity {args.capacity:,}; window {args.window}")
+    print("| cache | hit rate | vs exact LRU |")
+    print("|---|---|---|")
+    exact = exact_lru_hits(stream, args.capacity, args.stream_batch)
+    print(f"| exact LRU (OrderedDict) | {exact:.4f} | 1.000 |")
+    for evict in ("lru", "lfu"):
+        h = table_hits(stream, args.capacity, args.stream_batch, evict, args.window)
+        print(f"| numbaemb {evict}, window {args.window} | {h:.4f} | {h / exact:.3f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Bounded shards: at most ``limit`` keys, the lowest-scored key of a window evicted.
+
+``Variable(dim, max_capacity=N, evict="lru")`` builds one :class:`BoundedShard`
+(see :mod:`jit_kernels.bounded` for the scores and the eviction rule).  Every
+inserting call (``find_or_insert``, ``upsert``, optimizer steps) runs the serial
+bounded kernel; lookups are unchanged (they neither insert nor touch scores).  A
+key that is not admitted gets no row: ``find_or_insert`` returns its initial
+values and reports it absent, ``upsert`` drops its value, an optimizer step drops
+its gradient.  An evicted key leaves with every column (optimizer slots too), and
+its row is reused; the evicted keys and their values of the last call are kept
+in ``last_evicted`` (``find_or_insert(..., return_evicted=True)`` returns them).
+
+>>> import numpy as np, numbaemb as ne
+>>> v = ne.Variable(dim=1, max_capacity=2, evict="lru")
+>>> v.upsert(np.array([1, 2]), np.array([[1.0], [2.0]]))
+>>> v.upsert(np.array([3]), np.array([[3.0]]))           # full: the least recent key goes
+>>> sorted(v.export()[0].tolist())
+[2, 3]
+"""
+import numba
+import numpy as np
+
+from jit_kernels import bounded as kb
+from jit_kernels.slots import empty_slots
+from jit_kernels.initializers import ZEROS
+
+from .shard import Shard, _index_capacity
+
+__all__ = ["BoundedShard", "POLICIES"]
+
+POLICIES = tuple(kb.POLICIES)
+SCORE = "score"          # the row-aligned score column (checkpointed with the rest)
+
+
+class BoundedShard(Shard):
+    """A :class:`numbaemb.shard.Shard` that never holds more than ``limit`` keys."""
+
+    def __init__(self, dim, dtype, init, limit, policy="lru", window=32, init_size=0):
+        self.limit = int(limit)
+        self.policy = kb.POLICIES[policy]
+        self.window = int(window)
+        self._stamp = np.zeros(0, np.int64)
+        self._batch = 0
+        self.last_evicted = (np.empty(0, np.int64), {})
+        self.keep_evicted = False     # gather every call's evicted columns (tests, spilling)
+        super().__init__(dim, dtype, init, min(int(init_size), self.limit))
+        self.add_column(SCORE, 1, np.int64, (ZEROS, 0.0, 0.0, 0, np.zeros(1)))
+
+    def _reset(self):
+        super()._reset()
+        # a fixed index at load <= 1/2 when full: room for tombstones between rehashes
+        self.slots = empty_slots(_index_capacity(1.5 * self.limit))
+        self._stamp = np.zeros(self.values.shape[0], np.int64)
+
+    def _reserve_rows(self, n_new):
+        super()._reserve_rows(min(n_new, max(0, self.limit - self.n_full)))
+        if self._stamp.shape[0] < self.values.shape[0]:
+            grown = np.zeros(self.values.shape[0], np.int64)
+            grown[:self._stamp.shape[0]] = self._stamp
+            self._stamp = grown
+
+    def _rehash(self, n_keys):
+        """Clear the tombstones (the index keeps its size: it was made for ``limit``)."""
+        self.slots = self._rehashed(self.capacity)
+        self.n_deleted = 0
+
+    def _insert(self, keys, then=None, scores=None, epoch=0, clock=0, evicted=False):
+        """Rows of ``keys`` (-1: not admitted), inserting or evicting; chunks keep the
+        index's tombstones bounded between rehashes.  ``last_evicted`` gets the evicted
+        keys, and with ``evicted`` (or ``keep_evicted``) their columns, gathered before
+        their rows are reused."""
+        n = keys.shape[0]
+        rows = np.empty(n, np.int64)
+        inserted = np.empty(n, np.bool_)
+        given = np.zeros(n, np.int64) if scores is None else scores
+        ev_keys, ev_rows = np.empty(n, np.int64), np.empty(n, np.int64)
+        n_ev = 0
+        step = max(1, self.capacity // 4)
+        self._batch += 1
+        self._reserve_rows(0)                  # (the stamp array covers every row)
+        kb.find_present(self.slots, self.mask, keys, rows, self._stamp, self._batch)
+        for lo in range(0, n, step):
+            k = keys[lo:lo + step]
+            if self.n_full + self.n_deleted + k.shape[0] > 0.75 * self.capacity:
+                self._rehash(self.n_full)              # clears the tombstones
+            self._reserve_rows(k.shape[0])
+            taken, ev, made, size = kb.bounded_insert(
+                self.slots, self.mask, k, given[lo:lo + step], self.columns[SCORE].data[:, 0],
+                self._stamp, self._batch, rows[lo:lo + step], inserted[lo:lo + step],
+                self.free_rows, self.free_rows.shape[0], self.fresh, self.n_full, self.limit,
+                self.window, self.policy, epoch, clock, scores is None, ev_keys[n_ev:],
+                ev_rows[n_ev:])
+            self._take_rows(taken)
+            self.n_full = size
+            self.n_deleted += made
+            n_ev += ev
+        ev_keys, ev_rows = ev_keys[:n_ev], ev_rows[:n_ev]
+        # hand out the evicted keys' columns before their rows are initialised again
+        cols = {name: col.data[ev_rows] for name, col in self.columns.items()} \
+            if evicted or self.keep_evicted else {}
+        self.last_evicted = (ev_keys, cols)
+        if then is not None:
+            then(rows, inserted)
+        return rows, inserted
+
+    def _init_new(self, rows, keys, inserted, skip=()):
+        ok = rows >= 0
+        if not ok.all():
+            rows, keys, inserted = rows[ok], keys[ok], inserted[ok]
+        super()._init_new(rows, keys, inserted, skip=(SCORE, *skip))
+
+    def find_or_insert(self, keys, out=None, **kw):
+        rows, inserted = self._insert(keys, **kw)
+        self._init_new(rows, keys, inserted)
+        if out is not None:
+            ok = rows >= 0
+            if ok.all():
+                self._kernels.gather(self.values, rows, out)
+            else:               # not admitted: their initial values
+                got = np.empty((int(ok.sum()), self.dim), out.dtype)
+                self._kernels.gather(self.values, rows[ok], got)
+                out[ok] = got
+                init = self.columns["values"].init
+                self._kernels.init_rows(out, np.flatnonzero(~ok), keys[~ok],
+                                        np.ones(int((~ok).sum()), np.bool_), *init)
+        return rows, inserted
+
+    def upsert(self, keys, values, **kw):
+        rows, inserted = self._insert(keys, **kw)
+        self._init_new(rows, keys, inserted, skip=("values",))
+        ok = rows >= 0
+        if not ok.all():
+            rows, values = rows[ok], values[ok]
+        self._kernels.assign_rows(self.values, rows, values, numba.get_num_threads())
+        return rows
+
+    def accum(self, keys, old, new, exists):
+        raise NotImplementedError("accum on a bounded table (max_capacity) is not supported yet")

@@ -1,0 +1,246 @@
+"""Bounded tables (``max_capacity``) against a bounded-dict oracle.
+
+The oracle keeps every key's row and score (the policy's rule, :mod:`jit_kernels.bounded`)
+and replays each call in batch order.  With a window at least the index's size the
+victim is the lowest-scored key not in the call anywhere in the table, so the oracle
+checks exactly: which positions are admitted, that each reported victim has the
+lowest score (ties: any of the lowest), its evicted values, and then holds the same
+keys, rows and scores as the table.  A second machine uses a small window, where
+only the weaker properties hold (never more than ``max_capacity`` keys, every victim
+was present and leaves with its values, admission by score within the window).
+Extreme keys are always in play.
+"""
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+import numbaemb as ne
+from numbaemb import optimizers as O
+
+I64 = np.iinfo(np.int64)
+EXTREME = [int(I64.min), int(I64.max), -1, 0]
+keys_st = st.lists(st.sampled_from(EXTREME) | st.integers(-12, 12), min_size=1, max_size=7)
+LOW = 0xFFFFFFFF
+
+
+class BoundedMachine(RuleBasedStateMachine):
+    CAP, WINDOW, EXACT = 6, 64, True
+    POLICY = "lru"
+
+    def __init__(self):
+        super().__init__()
+        self.var = ne.Variable(2, max_capacity=self.CAP, evict=self.POLICY,
+                               evict_window=self.WINDOW,
+                               initializer=ne.initializers.RandomUniform(-1, 1, seed=3))
+        self.var.shards[0].keep_evicted = True     # upserts and steps report values too
+        self.fresh = ne.Variable(2, initializer=ne.initializers.RandomUniform(-1, 1, seed=3))
+        self.rows, self.scores = {}, {}
+        self.clock, self.epoch = 0, None
+        self.last_step, self.step = 0, 0
+        self.tmp = tempfile.mkdtemp(prefix="numbaemb_bounded_")
+
+    def teardown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # ---- the oracle's rule ----------------------------------------------------------
+    def touched(self, old, given, fresh):
+        epoch = self.last_step if self.epoch is None else self.epoch
+        p = self.POLICY
+        if p == "lru":
+            return self.clock
+        if p == "lfu":
+            return 1 if fresh else old + 1
+        if p == "epoch_lru":
+            return (epoch << 32) | (self.clock & LOW)
+        if p == "epoch_lfu":
+            return (epoch << 32) | 1 if fresh or (old >> 32) != epoch else old + 1
+        return given
+
+    def replay(self, keys, given, ev_keys, ev_vals):
+        """Apply one inserting call; returns whether each position was admitted.  Checks
+        the table's evictions (``ev_keys``, ``ev_vals``) against the rule as it goes;
+        with a small window (not ``EXACT``) the table's keys after the call say which
+        new keys got in, and each victim must have scored no higher than its evictor."""
+        after = None if self.EXACT else set(self.var.export()[0].tolist())
+        self.clock += 1
+        in_call = {k for k in keys if k in self.rows}
+        admitted, j = [], 0
+        for i, k in enumerate(keys):
+            if k in self.rows:
+                self.scores[k] = self.touched(self.scores[k], given[i], False)
+                admitted.append(True)
+                continue
+            score = self.touched(0, given[i], True)
+            if len(self.rows) < self.CAP:
+                self.rows[k], self.scores[k] = self.initial(k), score
+                in_call.add(k)
+                admitted.append(True)
+                continue
+            eligible = {q: s for q, s in self.scores.items() if q not in in_call}
+            low = min(eligible.values()) if eligible else None
+            took = (low is not None and score >= low) if self.EXACT else k in after
+            if not took:
+                admitted.append(False)
+                continue
+            assert j < len(ev_keys), (k, ev_keys)
+            victim = int(ev_keys[j])
+            assert victim in eligible, (victim, eligible)
+            assert eligible[victim] <= score and (not self.EXACT or eligible[victim] == low)
+            assert np.array_equal(ev_vals[j], self.rows[victim])
+            del self.rows[victim], self.scores[victim]
+            j += 1
+            self.rows[k], self.scores[k] = self.initial(k), score
+            in_call.add(k)
+            admitted.append(True)
+        assert j == len(ev_keys), (j, ev_keys)
+        return admitted
+
+    def initial(self, k):
+        return self.fresh.lookup(np.array([k]))[0]
+
+    def given(self, data, n):
+        if self.POLICY != "custom":
+            return None
+        return np.array(data.draw(st.lists(st.integers(0, 5), min_size=n, max_size=n)), np.int64)
+
+    # ---- rules ----------------------------------------------------------------------
+    @rule(keys=keys_st, data=st.data())
+    def find_or_insert(self, keys, data):
+        given = self.given(data, len(keys))
+        out, exists, ev_k, ev_v = self.var.find_or_insert(
+            np.array(keys), return_exists=True, return_evicted=True, scores=given)
+        before = set(self.rows)
+        admitted = self.replay(keys, given if given is not None else [0] * len(keys),
+                               ev_k.tolist(), ev_v)
+        inserted = set()            # keys this call inserted (their later repeats exist)
+        for i, k in enumerate(keys):
+            if not admitted[i]:
+                assert not exists[i] and np.array_equal(out[i], self.initial(k))
+            else:
+                assert np.array_equal(out[i], self.rows[k])
+                assert exists[i] == (k in before or k in inserted)
+                inserted.add(k)
+
+    @rule(keys=keys_st, data=st.data())
+    def upsert(self, keys, data):
+        given = self.given(data, len(keys))
+        vals = np.array(data.draw(st.lists(st.floats(-9, 9, width=32), min_size=2 * len(keys),
+                                           max_size=2 * len(keys))), np.float32).reshape(-1, 2)
+        self.var.upsert(np.array(keys), vals, scores=given)
+        ev_k, ev_cols = self.var.shards[0].last_evicted
+        admitted = self.replay(keys, given if given is not None else [0] * len(keys),
+                               ev_k.tolist(), ev_cols["values"])
+        for i, k in enumerate(keys):
+            if admitted[i]:
+                self.rows[k] = vals[i]
+
+    @rule(keys=keys_st)
+    def remove(self, keys):
+        self.var.remove(np.array(keys))
+        for k in keys:
+            self.rows.pop(k, None)
+            self.scores.pop(k, None)
+
+    @precondition(lambda self: self.POLICY != "custom")
+    @rule(keys=keys_st)
+    def train(self, keys):
+        self.step += 1
+        uniq = list(dict.fromkeys(keys))
+        grads = np.ones((len(keys), 2), np.float32)
+        before = {k: v.copy() for k, v in self.rows.items()}
+        O.apply_gradients(self.var, O.SGD(0.5), np.array(keys), grads, step=self.step)
+        self.last_step = self.step
+        ev_k, ev_cols = self.var.shards[0].last_evicted
+        admitted = self.replay(uniq, [0] * len(uniq), ev_k.tolist(), ev_cols["values"])
+        for i, k in enumerate(uniq):
+            if admitted[i]:
+                start = before.get(k, self.rows[k])
+                self.rows[k] = start - np.float32(0.5) * keys.count(k)
+
+    @precondition(lambda self: self.POLICY.startswith("epoch"))
+    @rule(epoch=st.integers(0, 3))
+    def set_epoch(self, epoch):
+        self.var.set_epoch(epoch)
+        self.epoch = epoch
+
+    @rule()
+    def save_load(self):
+        path = f"{self.tmp}/b.nbe"
+        self.var.save(path)
+        self.var = ne.Variable.load(path)
+        self.var.shards[0].keep_evicted = True
+
+    @invariant()
+    def matches(self):
+        assert self.var.size() <= self.CAP
+        keys, rows = self.var.export()
+        got = dict(zip(keys.tolist(), rows))
+        assert set(got) == set(self.rows)
+        for k, row in got.items():
+            assert np.array_equal(row, self.rows[k]), k
+        if self.EXACT:
+            sk, sv = self.var.export("score")
+            assert dict(zip(sk.tolist(), sv[:, 0].tolist())) == self.scores
+
+
+def machine(policy, exact=True):
+    attrs = {"POLICY": policy, "EXACT": exact}
+    if not exact:
+        attrs.update(CAP=12, WINDOW=3)
+    cls = type(f"Bounded_{policy}_{'exact' if exact else 'window'}", (BoundedMachine,), attrs)
+    test = cls.TestCase
+    test.settings = settings(max_examples=30, stateful_step_count=20, deadline=None)
+    return test
+
+
+TestLRU = machine("lru")
+TestLFU = machine("lfu")
+TestEpochLRU = machine("epoch_lru")
+TestEpochLFU = machine("epoch_lfu")
+TestCustom = machine("custom")
+TestLRUSmallWindow = machine("lru", exact=False)
+TestLFUSmallWindow = machine("lfu", exact=False)
+
+
+def test_bad_bounded_arguments():
+    with pytest.raises(ValueError, match="evict must be one of"):
+        ne.Variable(2, max_capacity=4, evict="fifo")
+    with pytest.raises(ValueError, match="one shard"):
+        ne.Variable(2, max_capacity=4, num_shards=2)
+    with pytest.raises(ValueError, match="max_capacity must be >= 1"):
+        ne.Variable(2, max_capacity=0)
+    v = ne.Variable(2, max_capacity=4, evict="lru")
+    with pytest.raises(ValueError, match="evict='custom'"):
+        v.upsert(np.array([1]), np.ones((1, 2)), scores=np.array([3]))
+    with pytest.raises(ValueError, match="bounded tables"):
+        ne.Variable(2).find_or_insert(np.array([1]), return_evicted=True)
+    with pytest.raises(NotImplementedError, match="accum"):
+        v.accum(np.array([1]), np.ones((1, 2)), np.ones((1, 2)), np.array([False]))
+    assert v.size() == 0
+
+
+def test_stream_hit_rate_is_near_an_exact_lru_cache():
+    """A drifting Zipf stream into a bounded LRU table: hits within 10% of an exact LRU
+    cache of the same size (``benchmarks/bench_bounded.py`` runs the long stream)."""
+    from collections import OrderedDict
+    rng = np.random.default_rng(1)
+    cap, batch = 2000, 2000
+    stream = [(rng.zipf(1.1, batch) + 200 * i) % (1 << 40) for i in range(40)]
+    v = ne.Variable(1, max_capacity=cap, evict="lru")
+    cache, hits, exact = OrderedDict(), 0, 0
+    for ids in stream:
+        hits += int(v.lookup(ids, return_exists=True)[1].sum())
+        v.find_or_insert(ids)
+        exact += sum(x in cache for x in ids.tolist())     # in the cache as the batch comes
+        for x in ids.tolist():
+            cache[x] = None
+            cache.move_to_end(x)
+            if len(cache) > cap:
+                cache.popitem(last=False)
+        assert v.size() <= cap
+    assert hits >= 0.9 * exact > 0
