@@ -10,7 +10,8 @@ Prints two Markdown tables.
 2. Hit rates of a drifting Zipf stream (ids ``zipf(a) + drift * batch``, so the
    popular ids move) into a bounded table of ``--capacity`` keys with LRU and LFU,
    beside an exact LRU cache of the same size (an ``OrderedDict``): a hit is an id
-   already in the table when its batch arrives.
+   already in the table when its batch arrives.  The epoch policies start a new
+   epoch every 10 batches.
 
     python benchmarks/bench_bounded.py                 # 1M keys, batches of 100k
     python benchmarks/bench_bounded.py --quick         # smoke run
@@ -81,7 +82,9 @@ def table_hits(stream, capacity, batch, evict, window):
     import numbaemb as ne
     v = ne.Variable(1, max_capacity=capacity, evict=evict, evict_window=window)
     hits = 0
-    for lo in range(0, stream.shape[0], batch):
+    for i, lo in enumerate(range(0, stream.shape[0], batch)):
+        if evict.startswith("epoch"):
+            v.set_epoch(i // 10)         # a new epoch every 10 batches
         ids = stream[lo:lo + batch]
         hits += int(v.lookup(ids, return_exists=True)[1].sum())
         v.find_or_insert(ids)
@@ -134,7 +137,7 @@ def main():
     print("|---|---|---|")
     exact = exact_lru_hits(stream, args.capacity, args.stream_batch)
     print(f"| exact LRU (OrderedDict) | {exact:.4f} | 1.000 |")
-    for evict in ("lru", "lfu"):
+    for evict in ("lru", "lfu", "epoch_lru", "epoch_lfu"):
         h = table_hits(stream, args.capacity, args.stream_batch, evict, args.window)
         print(f"| numbaemb {evict}, window {args.window} | {h:.4f} | {h / exact:.3f} |")
 

@@ -16,7 +16,9 @@ custom     4    the caller's score for that position
 
 An absent key arriving when the table is full looks at the ``window`` index slots
 from its home slot and takes the lowest-scored key there that is not in this call
-(first on ties; the call's present keys are marked before any insert); if its own score is lower it is not admitted (row -1),
+(first on ties; the call's present keys are marked before any insert; the search
+reads a copy of the scores and call marks kept beside the index, ``meta``, so it
+touches contiguous memory only); if its own score is lower it is not admitted (row -1),
 else the victim is evicted: its slot becomes a tombstone, its row is reused and
 ``(key, row)`` is reported so the caller can hand its values out first (HKV's
 ``insert_and_evict``).  The pass is serial (one thread, batch order): the
@@ -24,13 +26,12 @@ result does not depend on thread timing.
 
 >>> import numpy as np
 >>> from jit_kernels.slots import empty_slots
->>> slots = empty_slots(8); scores = np.zeros(4, np.int64); stamp = np.zeros(4, np.int64)
->>> rows = np.empty(3, np.int64); new = np.empty(3, np.bool_)
->>> find_present(slots, 7, np.array([5, 6, 7]), rows, stamp, 1)
->>> ek, er = np.empty(3, np.int64), np.empty(3, np.int64)
->>> out = bounded_insert(slots, 7, np.array([5, 6, 7]), np.zeros(3, np.int64), scores, stamp,
-...                      1, rows, new, np.empty(0, np.int64), 0, 0, 0, 2, 8, LRU, 0, 1, False,
-...                      ek, er)
+>>> slots = empty_slots(8); scores = np.zeros(4, np.int64); meta = np.zeros((8, 2), np.int64)
+>>> keys, rows, where = np.array([5, 6, 7]), np.empty(3, np.int64), np.empty(3, np.int64)
+>>> find_present(slots, 7, keys, rows, where, meta, 1)
+>>> new, ek, er = np.empty(3, np.bool_), np.empty(3, np.int64), np.empty(3, np.int64)
+>>> out = bounded_insert(slots, 7, keys, np.zeros(3, np.int64), scores, meta, 1, rows, where,
+...                      new, np.empty(0, np.int64), 0, 0, 0, 2, 8, LRU, 0, 1, False, ek, er)
 >>> out[0], out[1], out[3]      # rows taken, keys evicted, size after: 7 evicted 5 or 6
 (2, 0, 2)
 >>> bool(rows[2] == -1)         # ... unless every candidate was touched by this call
@@ -39,12 +40,15 @@ True
 import numpy as np
 from numba import njit, prange
 
+from .cpu_table import prefetch_write
 from .slots import DELETED, EMPTY, first_slot, next_slot
 
 LRU, LFU, EPOCH_LRU, EPOCH_LFU, CUSTOM = 0, 1, 2, 3, 4
 POLICIES = {"lru": LRU, "lfu": LFU, "epoch_lru": EPOCH_LRU, "epoch_lfu": EPOCH_LFU,
             "custom": CUSTOM}
 _LOW = np.int64(0xFFFFFFFF)
+_MAX = np.int64(np.iinfo(np.int64).max)
+AHEAD = 8            # keys whose index slots are requested ahead of their turn
 
 
 @njit(nogil=True, cache=True)
@@ -70,16 +74,16 @@ def touched(policy, old, given, epoch, clock, fresh, keep):
 @njit(nogil=True, cache=True)
 def _place(slots, mask, key, row):
     """Put absent ``key`` in the first tombstone or empty slot of its probe sequence;
-    returns whether that slot was a tombstone."""
+    returns ``(slot, whether it was a tombstone)``."""
     s = first_slot(key, mask)
     for _ in range(mask + 1):
         w = slots[2 * s + 1]
         if w == EMPTY or w == DELETED:
             slots[2 * s] = key
             slots[2 * s + 1] = row
-            return w == DELETED
+            return s, w == DELETED
         s = next_slot(s, mask)
-    return False
+    return -1, False
 
 
 @njit(nogil=True, cache=True)
@@ -96,43 +100,63 @@ def _find(slots, mask, key):
 
 
 @njit(nogil=True, cache=True)
-def _victim(slots, mask, key, window, scores, stamp, batch):
-    """``(slot, score)`` of the lowest-scored untouched key in ``key``'s window, or -1."""
-    s = first_slot(key, mask)
-    best, best_score = -1, np.int64(0)
-    for _ in range(window):
-        r = slots[2 * s + 1]
-        if r >= 0 and stamp[r] != batch and (best < 0 or scores[r] < best_score):
-            best, best_score = s, scores[r]
-        s = next_slot(s, mask)
+def _victim(slots, mask, key, window, meta, batch):
+    """``(slot, score)`` of the lowest-scored key of ``key``'s window not in this call,
+    or -1 (reads the index and its ``meta`` only: contiguous memory; the minimum is
+    kept with selects, so the loop has no unpredictable branch)."""
+    h = first_slot(key, mask)
+    best, best_score = np.int64(-1), _MAX
+    for t in range(window):
+        s = (h + t) & mask
+        sc = meta[s, 0] if (slots[2 * s + 1] >= 0) & (meta[s, 1] != batch) else _MAX
+        better = sc < best_score
+        best = s if better else best
+        best_score = sc if better else best_score
+    if best < 0:                     # none below the largest score: is there one at it?
+        for t in range(window):
+            s = (h + t) & mask
+            if slots[2 * s + 1] >= 0 and meta[s, 1] != batch:
+                return s, meta[s, 0]
     return best, best_score
 
 
 @njit(nogil=True, cache=True, parallel=True)
-def find_present(slots, mask, keys, rows, stamp, batch):
-    """``rows[i]`` = the row of ``keys[i]``, or -2 when absent; ``stamp[row] = batch``
-    for every present key, so no key of the call is a victim (parallel, read-only
-    on the index; before :func:`bounded_insert`)."""
+def find_present(slots, mask, keys, rows, where, meta, batch):
+    """``rows[i]`` / ``where[i]`` = the row / slot of ``keys[i]``, or -2 / -1 when
+    absent; ``meta[slot, 1] = batch`` for every present key, so no key of the call
+    is a victim (parallel; before :func:`bounded_insert`)."""
     for i in prange(keys.shape[0]):
         s = _find(slots, mask, keys[i])
+        where[i] = s
         rows[i] = -2 if s < 0 else slots[2 * s + 1]
         if s >= 0:
-            stamp[rows[i]] = batch
+            meta[s, 1] = batch
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def sync_meta(slots, scores, meta):
+    """``meta[s] = (score of the key in slot s, 0)``: rebuilt after the index is (a
+    rehash, a load)."""
+    for s in prange(meta.shape[0]):
+        r = slots[2 * s + 1]
+        meta[s, 0] = scores[r] if r >= 0 else 0
+        meta[s, 1] = 0
 
 
 @njit(nogil=True, cache=True)
-def bounded_insert(slots, mask, keys, given, scores, stamp, batch, rows, inserted, free_rows,
-                   n_free, fresh_start, size, limit, window, policy, epoch, clock, keep,
-                   ev_keys, ev_rows):
+def bounded_insert(slots, mask, keys, given, scores, meta, batch, rows, where, inserted,
+                   free_rows, n_free, fresh_start, size, limit, window, policy, epoch, clock,
+                   keep, ev_keys, ev_rows):
     """Find or insert every key of ``keys`` (n,) in batch order, evicting when full.
 
-    ``rows`` (n,) comes filled by :func:`find_present` (which also stamped the present
-    keys); ``rows[i]`` gets the key's row or -1 (not admitted), ``inserted[i]`` marks
-    the position that inserted it.  ``scores`` (rows,) int64 is updated (see the module
-    doc; ``given`` (n,) the custom scores), ``stamp[row] = batch`` marks the rows
-    this call touched.  New rows come from ``free_rows[:n_free]`` (top down), then
-    ``fresh_start, fresh_start + 1, ...``; ``keep``: see :func:`touched`; ``ev_keys`` / ``ev_rows`` (n,) receive
-    the evicted keys and their rows.  Returns ``(rows taken, keys evicted,
+    ``rows`` / ``where`` (n,) come filled by :func:`find_present`; ``rows[i]`` gets
+    the key's row or -1 (not admitted), ``inserted[i]`` marks the position that
+    inserted it.  Scores go to ``scores`` (rows,) and to ``meta[slot, 0]``, a copy
+    beside the index that the victim search reads; ``meta[slot, 1] = batch`` marks
+    this call's keys (see the module doc; ``given`` (n,) the custom scores, ``keep``
+    see :func:`touched`).  New rows come from ``free_rows[:n_free]`` (top down),
+    then ``fresh_start, fresh_start + 1, ...``; ``ev_keys`` / ``ev_rows`` (n,)
+    receive the evicted keys and their rows.  Returns ``(rows taken, keys evicted,
     tombstones made minus consumed, size after)``.
     """
     taken = 0
@@ -140,17 +164,26 @@ def bounded_insert(slots, mask, keys, given, scores, stamp, batch, rows, inserte
     d_deleted = 0
     n = keys.shape[0]
     for i in range(n):              # in batch order: scores, inserts, evictions
+        j = i + AHEAD               # (a serial pass: overlap the next keys' cache misses)
+        if j < n:
+            if rows[j] >= 0:
+                prefetch_write(slots, 2 * where[j] * 8)
+                prefetch_write(meta, 2 * where[j] * 8)
+                prefetch_write(scores, rows[j] * 8)
+            else:                   # its probe, and its victim window when full
+                h = first_slot(keys[j], mask)
+                span = 16 * (window if size >= limit else 1)
+                for off in range(16 * h, min(16 * h + span, 16 * (mask + 1)), 64):
+                    prefetch_write(slots, off)
+                    prefetch_write(meta, off)
         key = keys[i]
         inserted[i] = False
-        if rows[i] >= 0:
-            r = rows[i]
-            scores[r] = touched(policy, scores[r], given[i], epoch, clock, False, keep)
-            continue
-        s = _find(slots, mask, key)  # a repeat of a key this call inserted
+        s = where[i] if rows[i] >= 0 else _find(slots, mask, key)  # (a repeat of a new key)
         if s >= 0:
             r = slots[2 * s + 1]
             rows[i] = r
-            scores[r] = touched(policy, scores[r], given[i], epoch, clock, False, keep)
+            meta[s, 0] = touched(policy, meta[s, 0], given[i], epoch, clock, False, keep)
+            scores[r] = meta[s, 0]
             continue
         score = touched(policy, np.int64(0), given[i], epoch, clock, True, keep)
         if size < limit:
@@ -158,10 +191,9 @@ def bounded_insert(slots, mask, keys, given, scores, stamp, batch, rows, inserte
             taken += 1
             size += 1
         else:
-            v, v_score = _victim(slots, mask, key, window, scores, stamp, batch)
+            v, v_score = _victim(slots, mask, key, window, meta, batch)
             if v < 0 or score < v_score:
                 rows[i] = -1
-                inserted[i] = False
                 continue
             r = slots[2 * v + 1]
             ev_keys[n_ev] = slots[2 * v]
@@ -169,10 +201,12 @@ def bounded_insert(slots, mask, keys, given, scores, stamp, batch, rows, inserte
             n_ev += 1
             slots[2 * v + 1] = DELETED
             d_deleted += 1
-        if _place(slots, mask, key, r):
+        p, tomb = _place(slots, mask, key, r)
+        if tomb:
             d_deleted -= 1
+        meta[p, 0] = score
+        meta[p, 1] = batch
         scores[r] = score
-        stamp[r] = batch
         rows[i] = r
         inserted[i] = True
     return taken, n_ev, d_deleted, size

@@ -39,7 +39,6 @@ class BoundedShard(Shard):
         self.limit = int(limit)
         self.policy = kb.POLICIES[policy]
         self.window = int(window)
-        self._stamp = np.zeros(0, np.int64)
         self._batch = 0
         self.last_evicted = (np.empty(0, np.int64), {})
         self.keep_evicted = False     # gather every call's evicted columns (tests, spilling)
@@ -50,19 +49,22 @@ class BoundedShard(Shard):
         super()._reset()
         # a fixed index at load <= 1/2 when full: room for tombstones between rehashes
         self.slots = empty_slots(_index_capacity(1.5 * self.limit))
-        self._stamp = np.zeros(self.values.shape[0], np.int64)
+        self.meta = np.zeros((self.capacity, 2), np.int64)   # per slot: score, call mark
 
     def _reserve_rows(self, n_new):
         super()._reserve_rows(min(n_new, max(0, self.limit - self.n_full)))
-        if self._stamp.shape[0] < self.values.shape[0]:
-            grown = np.zeros(self.values.shape[0], np.int64)
-            grown[:self._stamp.shape[0]] = self._stamp
-            self._stamp = grown
 
     def _rehash(self, n_keys):
         """Clear the tombstones (the index keeps its size: it was made for ``limit``)."""
         self.slots = self._rehashed(self.capacity)
         self.n_deleted = 0
+        self._loaded()
+
+    def _loaded(self):
+        """Rebuild ``meta`` from the index and the score column (after a rehash or a
+        checkpoint load wrote them)."""
+        if SCORE in self.columns:
+            kb.sync_meta(self.slots, self.columns[SCORE].data[:, 0], self.meta)
 
     def _insert(self, keys, then=None, scores=None, epoch=0, clock=0, evicted=False):
         """Rows of ``keys`` (-1: not admitted), inserting or evicting; chunks keep the
@@ -70,26 +72,28 @@ class BoundedShard(Shard):
         keys, and with ``evicted`` (or ``keep_evicted``) their columns, gathered before
         their rows are reused."""
         n = keys.shape[0]
-        rows = np.empty(n, np.int64)
+        rows, where = np.empty(n, np.int64), np.empty(n, np.int64)
         inserted = np.empty(n, np.bool_)
         given = np.zeros(n, np.int64) if scores is None else scores
         ev_keys, ev_rows = np.empty(n, np.int64), np.empty(n, np.int64)
         n_ev = 0
         step = max(1, self.capacity // 4)
         self._batch += 1
-        self._reserve_rows(0)                  # (the stamp array covers every row)
-        kb.find_present(self.slots, self.mask, keys, rows, self._stamp, self._batch)
+        kb.find_present(self.slots, self.mask, keys, rows, where, self.meta, self._batch)
         for lo in range(0, n, step):
             k = keys[lo:lo + step]
             if self.n_full + self.n_deleted + k.shape[0] > 0.75 * self.capacity:
-                self._rehash(self.n_full)              # clears the tombstones
+                self._rehash(self.n_full)      # clears the tombstones (and the call marks:
+                r2, w2 = np.empty(n, np.int64), np.empty(n, np.int64)     # mark again)
+                kb.find_present(self.slots, self.mask, keys, r2, w2, self.meta, self._batch)
+                rows[lo:], where[lo:] = r2[lo:], w2[lo:]
             self._reserve_rows(k.shape[0])
             taken, ev, made, size = kb.bounded_insert(
                 self.slots, self.mask, k, given[lo:lo + step], self.columns[SCORE].data[:, 0],
-                self._stamp, self._batch, rows[lo:lo + step], inserted[lo:lo + step],
-                self.free_rows, self.free_rows.shape[0], self.fresh, self.n_full, self.limit,
-                self.window, self.policy, epoch, clock, scores is None, ev_keys[n_ev:],
-                ev_rows[n_ev:])
+                self.meta, self._batch, rows[lo:lo + step], where[lo:lo + step],
+                inserted[lo:lo + step], self.free_rows, self.free_rows.shape[0], self.fresh,
+                self.n_full, self.limit, self.window, self.policy, epoch, clock,
+                scores is None, ev_keys[n_ev:], ev_rows[n_ev:])
             self._take_rows(taken)
             self.n_full = size
             self.n_deleted += made

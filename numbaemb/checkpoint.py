@@ -652,6 +652,8 @@ def fill(v, archives, identity=False, keep=None):
             for io_, p, base, keys in parts:
                 with io_.context():
                     io_.init_rows(cname, base, keys)
+    for shard in v.shards:          # a bounded shard rebuilds its score copy by the index
+        getattr(shard, "_loaded", lambda: None)()
     return v
 
 
