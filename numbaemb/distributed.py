@@ -126,7 +126,8 @@ class DistributedVariable(Variable):
                               name=name, initializer=initializer, init_size=init_size,
                               seed=seed)
         for attr in ("dim", "key_dtype", "value_dtype", "num_shards", "name", "initializer",
-                     "seed", "device", "max_hbm_bytes", "_arrays", "_store"):
+                     "seed", "device", "max_hbm_bytes", "_arrays", "_store", "max_capacity",
+                     "evict", "evict_window"):
             setattr(self, attr, getattr(self.local, attr))
         self.partitioner = partitioner
 

@@ -289,6 +289,9 @@ def restore_table_state(variable, state):
     state = {k: (v.numpy() if isinstance(v, (tf.Tensor, tf.Variable)) else v)
              for k, v in state.items()} if isinstance(state, dict) else state
     keys, values, cols, names = _parse(table, state)
+    if getattr(table, "max_capacity", None) is not None and keys.shape[0] > table.max_capacity:
+        raise ValueError(f"the state holds {keys.shape[0]} keys, more than the max_capacity "
+                         f"{table.max_capacity} of {table.name!r}")
     for name, width, dt, _, _ in cols:
         for shard in table.shards:
             have = shard.columns.get(name)
@@ -319,6 +322,20 @@ def restore_table_state(variable, state):
         # timestamp policy: later steps must score above every restored key
         scores = next(c[4] for c in cols if c[0] == policy.column)
         policy.clock = int(scores.max()) if scores.size else 0
+    _bounded_restored(table, cols)
+
+
+def _bounded_restored(table, cols):
+    """A bounded table after a restore: its score copy rebuilt, and its clock past every
+    restored LRU score (later calls must score above the restored keys)."""
+    shard = table.shards[0]
+    if getattr(table, "max_capacity", None) is None:
+        return
+    shard._loaded()
+    scores = next((c[4][:, 0] for c in cols if c[0] == "score"), None)
+    if scores is not None and scores.size and table.evict in ("lru", "epoch_lru"):
+        low = scores if table.evict == "lru" else scores & 0xFFFFFFFF
+        table._clock = max(table._clock, int(low.max()))
 
 
 # ---- tf.train.Checkpoint (called by tf_bridge.Variable) ---------------------------------

@@ -86,7 +86,8 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
         is looked up directly, which measured faster (``predict`` on the training
         benchmark's job: 8.0M against 6.5M ids/s, 2-core VM).  Training always
         finds the distinct ids (the gradient is summed per id).
-      restrict_policy, bp_v2, init_size, num_shards, partitioner, seed: as ``de.Variable``
+      restrict_policy, bp_v2, init_size, num_shards, partitioner, seed, max_capacity,
+      evict: as ``de.Variable``
         (``init_capacity``: TFRA's name for ``init_size``).
       max_norm: clip each looked-up row's L2 norm.
       distributed: split the table across the MPI ranks of ``tf_bridge.distributed``
@@ -99,7 +100,7 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
                  combiner=None, initializer=None, devices=None, name=None, with_unique=False, *,
                  restrict_policy=None, bp_v2=False, init_size=0, num_shards=None,
                  partitioner=None, seed=None, max_norm=None, distributed=False,
-                 init_capacity=None, **kwargs):
+                 init_capacity=None, max_capacity=None, evict="lru", **kwargs):
         if init_capacity is not None:        # TFRA's name for init_size
             if init_size:
                 raise ValueError("pass init_size or init_capacity (TFRA's name), not both")
@@ -127,7 +128,8 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
                                initializer=initializer, trainable=self.trainable,
                                init_size=init_size, restrict_policy=restrict_policy,
                                bp_v2=bp_v2, num_shards=num_shards, seed=seed,
-                               distributed=distributed)
+                               distributed=distributed, max_capacity=max_capacity,
+                               evict=evict)
         self.distributed = bool(distributed)
         self.supports_jit = False        # tf.numpy_function cannot be XLA-compiled
 
@@ -257,6 +259,7 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
             with_unique=self.with_unique, max_norm=self.max_norm, bp_v2=self.params.bp_v2,
             distributed=self.distributed,
             num_shards=self.params.table.num_shards,
+            max_capacity=self.params.table.max_capacity, evict=self.params.table.evict,
             restrict_policy=None if policy is None else type(policy).__name__)
         return config
 

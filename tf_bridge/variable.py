@@ -216,6 +216,10 @@ class Variable(tf.__internal__.tracking.Trackable):
         ``de.FrequencyRestrictPolicy``); ``restrict`` then bounds the size.
       bp_v2: optimizer steps add the weight change through ``accum`` (TFRA's bp_v2).
       num_shards, seed: numbaemb options (keyword only).
+      max_capacity, evict: a bounded table (keyword only): at most ``max_capacity`` keys,
+        an insert into a full table evicting the lowest-scored key of its window
+        (``evict``: "lru", "lfu", "epoch_lru", "epoch_lfu"; see :mod:`numbaemb.bounded`).
+        Optimizer steps drop the gradients of ids that were not admitted.
       distributed: split the keys across the MPI ranks of ``tf_bridge.distributed``
         (keyword only; each id's row on rank ``id mod size``, ``num_shards`` local
         shards on each).  Creating it, lookups, ``size()``, writes and optimizer steps
@@ -239,7 +243,7 @@ class Variable(tf.__internal__.tracking.Trackable):
                  partitioner=None, shared_name=None, name="DynamicEmbedding_Variable",
                  initializer=None, trainable=True, checkpoint=True, init_size=0,
                  kv_creator=None, restrict_policy=None, bp_v2=False, *, num_shards=None,
-                 seed=None, distributed=False):
+                 seed=None, distributed=False, max_capacity=None, evict="lru"):
         if kv_creator is not None:
             raise ValueError("kv_creator must be None: tables are numbaemb shards in host memory")
         if not isinstance(name, str) or not name:
@@ -260,7 +264,8 @@ class Variable(tf.__internal__.tracking.Trackable):
         self.table = numbaemb.Variable(
             dim, num_shards=len(self.devices) if num_shards is None else num_shards,
             partitioner=partitioner, name=name, init_size=init_size, seed=seed,
-            initializer=self.initializer if kernel_init else None, comm=comm, **opts)
+            initializer=self.initializer if kernel_init else None, comm=comm,
+            **_bounded_opts(max_capacity, evict, comm), **opts)
         self.distributed = self.table.comm is not None     # split across more than one rank
         # callable initializers: initial rows handed out by training lookups, kept until
         # an optimizer step inserts them (insert_initial_values), so it trains what the loss saw
@@ -552,6 +557,16 @@ def _distributed_comm(distributed, kernel_init, restrict_policy, initializer):
         raise NotImplementedError("restrict_policy is not supported on distributed tables yet")
     from . import distributed as hvd
     return hvd.comm()
+
+
+def _bounded_opts(max_capacity, evict, comm):
+    """numbaemb's bounded-table arguments (none for an unbounded table)."""
+    if max_capacity is None:
+        return {}
+    if comm is not None:
+        raise NotImplementedError("max_capacity on a table split across MPI ranks is not "
+                                  "supported yet")
+    return dict(max_capacity=max_capacity, evict=evict)
 
 
 def owner_of(obj):

@@ -1,0 +1,62 @@
+"""Bounded tables in the TF bridge: a Keras layer with ``max_capacity`` trains, stays
+within its capacity, and round-trips through tf.train.Checkpoint and .keras files with
+its scores (the next inserts still evict the least recent keys)."""
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+import tf_bridge as de  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_numba_thread")
+
+
+def model_with(cap):
+    ids = keras.Input((4,), dtype="int64")
+    emb = de.keras.layers.Embedding(3, combiner="sum", name="bounded_emb", max_capacity=cap,
+                                    evict="lru", initializer=keras.initializers.Zeros())
+    model = keras.Model(ids, keras.layers.Dense(1)(emb(ids)))
+    model.compile(optimizer=de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.05)),
+                  loss="mse")
+    return model, emb
+
+
+def test_bounded_layer_trains_within_capacity_and_checkpoints(tmp_path):
+    model, emb = model_with(100)
+    x = np.random.default_rng(0).integers(0, 400, (256, 4))
+    model.fit(x, np.ones((256, 1)), batch_size=16, epochs=1, verbose=0, shuffle=False)
+    table = emb.params
+    assert 0 < int(table.size()) <= 100
+    recent = np.unique(x[-16:])                       # the last batch's ids: all kept
+    assert table.lookup(tf.constant(recent), return_exists=True)[1].numpy().all()
+    path = tf.train.Checkpoint(m=model).save(str(tmp_path / "ck"))
+    model2, emb2 = model_with(100)
+    model2(x[:1])
+    tf.train.Checkpoint(m=model2).restore(path)
+    k1, v1 = table.export()
+    k2, v2 = emb2.params.export()
+    o1, o2 = np.argsort(k1.numpy()), np.argsort(k2.numpy())
+    assert np.array_equal(k1.numpy()[o1], k2.numpy()[o2])
+    assert np.array_equal(v1.numpy()[o1], v2.numpy()[o2])
+    # the restored clock is past every restored score: ids inserted after the restore
+    # outrank every restored key, so the next inserts evict restored keys, not them
+    t2 = emb2.params.table
+    fresh = np.arange(10_000, 10_010)
+    t2.find_or_insert(fresh)
+    t2.find_or_insert(np.arange(20_000, 20_030))
+    assert t2.lookup(fresh, return_exists=True)[1].all() and t2.size() == 100
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    layer = loaded.get_layer("bounded_emb")
+    assert layer.params.table.max_capacity == 100 and int(layer.params.size()) == int(table.size())
+
+
+def test_restoring_more_keys_than_the_capacity_is_refused():
+    from tf_bridge.checkpoint import restore_table_state, table_state
+    big = de.Variable(dim=2, name="bounded_big")
+    big.upsert(tf.range(10, dtype=tf.int64), tf.ones([10, 2]))
+    small = de.Variable(dim=2, name="bounded_small", max_capacity=5)
+    with pytest.raises(ValueError, match="max_capacity"):
+        restore_table_state(small, table_state(big))
+    assert int(small.size()) == 0
