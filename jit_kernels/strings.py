@@ -59,19 +59,22 @@ def _encoded(items):
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _fetch64(b, p):
+def _fetch(b, p, n):
+    """The ``n`` bytes at ``b[p]`` as a little-endian unsigned integer."""
     v = np.uint64(0)
-    for i in range(8):
+    for i in range(n):
         v |= np.uint64(b[p + i]) << np.uint64(8 * i)
     return v
 
 
 @njit(nogil=True, cache=True, inline="always")
+def _fetch64(b, p):
+    return _fetch(b, p, 8)
+
+
+@njit(nogil=True, cache=True, inline="always")
 def _fetch32(b, p):
-    v = np.uint64(0)
-    for i in range(4):
-        v |= np.uint64(b[p + i]) << np.uint64(8 * i)
-    return v
+    return _fetch(b, p, 4)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -117,23 +120,23 @@ def _len0to16(b, s, n):
     return K2
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _ends(b, s, n, ka):
+    """The words both mid-length bands start from: ``(a, b, c, d, mul)``."""
+    mul = K2 + np.uint64(n) * np.uint64(2)
+    return (_fetch64(b, s) * ka, _fetch64(b, s + 8), _fetch64(b, s + n - 8) * mul,
+            _fetch64(b, s + n - 16) * K2, mul)
+
+
 @njit(nogil=True, cache=True)
 def _len17to32(b, s, n):
-    mul = K2 + np.uint64(n) * np.uint64(2)
-    a = _fetch64(b, s) * K1
-    bb = _fetch64(b, s + 8)
-    c = _fetch64(b, s + n - 8) * mul
-    d = _fetch64(b, s + n - 16) * K2
+    a, bb, c, d, mul = _ends(b, s, n, K1)
     return _len16(_rot(a + bb, 43) + _rot(c, 30) + d, a + _rot(bb + K2, 18) + c, mul)
 
 
 @njit(nogil=True, cache=True)
 def _len33to64(b, s, n):
-    mul = K2 + np.uint64(n) * np.uint64(2)
-    a = _fetch64(b, s) * K2
-    bb = _fetch64(b, s + 8)
-    c = _fetch64(b, s + n - 8) * mul
-    d = _fetch64(b, s + n - 16) * K2
+    a, bb, c, d, mul = _ends(b, s, n, K2)
     y = _rot(a + bb, 43) + _rot(c, 30) + d
     z = _len16(y, a + _rot(bb + K2, 18) + c, mul)
     e = _fetch64(b, s + 16) * mul

@@ -5,10 +5,6 @@ float32 twin whose rows are set to the 16-bit table's before each step and round
 (``tf.cast``) after it must give the same bits (optimizer math in float32, rounded
 once on store); for checkpoints and serving, the live table.
 """
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import pytest
 
@@ -17,6 +13,8 @@ keras = pytest.importorskip("keras")
 
 import tf_bridge as de  # noqa: E402
 from tf_bridge.checkpoint import table_state  # noqa: E402
+
+from .serving_helpers import reload_and_serve  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_numba_thread")
 HALVES = [tf.float16, tf.bfloat16]
@@ -107,16 +105,6 @@ def test_checkpoint_round_trip(dtype, tmp_path):
     assert int(other.size()) == 0
 
 
-SERVE = """
-import sys
-sys.modules["numbaemb"] = None; sys.modules["jit_kernels"] = None; sys.modules["tf_bridge"] = None
-import numpy as np, tensorflow as tf
-m = tf.saved_model.load(sys.argv[1])
-ids = tf.constant(np.load(sys.argv[2])["ids"])
-np.save(sys.argv[3], tf.cast(m.serve(ids), tf.float32).numpy())
-"""
-
-
 def test_keras_layer_trains_saves_and_serves_bfloat16(tmp_path):
     ids_in = keras.Input((3,), dtype="int64", name="ids")
     emb = de.keras.layers.Embedding(4, value_dtype=tf.bfloat16, combiner="sum", name="bfemb",
@@ -129,14 +117,6 @@ def test_keras_layer_trains_saves_and_serves_bfloat16(tmp_path):
     model.fit(x, np.ones((64, 1), np.float32), batch_size=16, epochs=2, verbose=0)
     assert emb.params.export()[1].dtype == tf.bfloat16
     query = np.array([[1, 2, 10 ** 12], [-5, 3, 49]], np.int64)
-    want = model.predict(query, verbose=0)
-    model.save(tmp_path / "m.keras")
-    loaded = keras.models.load_model(tmp_path / "m.keras")
-    np.testing.assert_array_equal(loaded.predict(query, verbose=0), want)
-    de.export_for_serving(model, str(tmp_path / "sm"))
-    np.savez(tmp_path / "in.npz", ids=query)
-    (tmp_path / "serve.py").write_text(textwrap.dedent(SERVE))
-    subprocess.run([sys.executable, str(tmp_path / "serve.py"), str(tmp_path / "sm"),
-                    str(tmp_path / "in.npz"), str(tmp_path / "out.npy")], check=True,
-                   capture_output=True, timeout=300)
-    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), want, rtol=1e-6)
+    want, served = reload_and_serve(model, query, tmp_path)
+    np.testing.assert_allclose(served["serve"], want, rtol=1e-6)
+    np.testing.assert_allclose(served["signature"], want, rtol=1e-6)

@@ -5,10 +5,6 @@ position in a vocabulary (same constant initializer, same optimizer) must end
 with the same rows; for serving, the live model in inference mode, served by a
 fresh process that cannot import numbaemb.
 """
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import pytest
 
@@ -18,6 +14,8 @@ keras = pytest.importorskip("keras")
 import numbaemb as ne  # noqa: E402
 import tf_bridge as de  # noqa: E402
 from tf_bridge.checkpoint import restore_table_state, table_state  # noqa: E402
+
+from .serving_helpers import reload_and_serve  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_numba_thread")
 
@@ -176,35 +174,14 @@ def _string_model():
     return model, emb
 
 
-SERVE = """
-import sys
-sys.modules["numbaemb"] = None; sys.modules["jit_kernels"] = None; sys.modules["tf_bridge"] = None
-import numpy as np, tensorflow as tf
-m = tf.saved_model.load(sys.argv[1])
-x = tf.constant(np.load(sys.argv[2], allow_pickle=True)["x"])
-np.savez(sys.argv[3], serve=m.serve(x).numpy(),
-         sig=m.signatures["serving_default"](words=x)["output_0"].numpy())
-"""
-
-
 def test_keras_layer_saves_and_serves_string_ids(tmp_path):
     model, emb = _string_model()
     assert sorted(emb.params.export()[0].numpy().tolist()) == sorted(
         [b"a", b"b", b"d", "héllo".encode(), b"x" * 65])
     query = np.array([[b"a", b"never seen", b"x" * 65], [b"", b"b", b"d"]], object)
-    want = model.predict(tf.constant(query), verbose=0)
-    model.save(tmp_path / "m.keras")
-    loaded = keras.models.load_model(tmp_path / "m.keras")
-    np.testing.assert_array_equal(loaded.predict(tf.constant(query), verbose=0), want)
-    de.export_for_serving(model, str(tmp_path / "sm"))
-    np.savez(tmp_path / "in.npz", x=query)
-    (tmp_path / "serve.py").write_text(textwrap.dedent(SERVE))
-    subprocess.run([sys.executable, str(tmp_path / "serve.py"), str(tmp_path / "sm"),
-                    str(tmp_path / "in.npz"), str(tmp_path / "out.npz")], check=True,
-                   capture_output=True, timeout=300)
-    out = np.load(tmp_path / "out.npz")
-    np.testing.assert_allclose(out["serve"], want, rtol=1e-6)
-    np.testing.assert_allclose(out["sig"], want, rtol=1e-6)
+    want, served = reload_and_serve(model, query, tmp_path, feed=tf.constant)
+    np.testing.assert_allclose(served["serve"], want, rtol=1e-6)
+    np.testing.assert_allclose(served["signature"], want, rtol=1e-6)
 
 
 def test_corrupt_saved_string_keys_are_refused(tmp_path):
