@@ -26,6 +26,7 @@ from jit_kernels import optimizers as _k
 from jit_kernels.segment import segment_sum, unique_inverse
 
 from . import _checks
+from .admission import admitted
 from .initializers import Constant, Zeros
 from .variable import Variable
 
@@ -285,6 +286,14 @@ def apply_gradients(variable, optimizer, ids, grads, *, step, learning_rate=None
         init_vals = init_ok = None
     if keys.size == 0:
         return
+    with variable._lock.write():                  # ids an admission filter holds back
+        ok = admitted(variable, keys, _checks.flat_int64(keys))
+    if ok is not None:                            # drop their gradients
+        keys, g = _checks.flat_int64(keys)[ok], g.reshape(-1, variable.dim)[ok]
+        if init_vals is not None:
+            init_vals, init_ok = init_vals.reshape(-1, variable.dim)[ok], init_ok.reshape(-1)[ok]
+        if keys.size == 0:
+            return
     if assume_unique:
         uniq, sums = _checks.flat_int64(keys), g
     else:

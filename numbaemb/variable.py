@@ -27,6 +27,7 @@ from . import _checks
 from . import initializers as inits
 from ._device import DeviceArrays, HostArrays, parse_device
 from ._lock import RWLock
+from .admission import admitted
 from .shard import Shard
 from .sharding import default_partitioner, split
 
@@ -94,6 +95,9 @@ class Variable:
         ``"epoch_lru"``, ``"epoch_lfu"`` (epoch from :meth:`set_epoch`, else the last
         optimizer step) or ``"custom"`` (``scores=`` of ``find_or_insert`` / ``upsert``).
       evict_window: index slots a new key looks at for its victim (default 32).
+      admit: None, or an admission filter (:mod:`numbaemb.admission`:
+        ``CounterFilter(min_count)`` / ``BloomFilter(min_count, capacity, error_rate)``):
+        an absent id gets a row only once it has been seen ``min_count`` times.
 
     Limits (attributes, None by default): ``key_range = (lo, hi)`` makes every op
     reject keys outside ``[lo, hi)`` with a ValueError before it changes anything;
@@ -124,7 +128,7 @@ class Variable:
     def __init__(self, dim, *, key_dtype=np.int64, value_dtype=np.float32, num_shards=1,
                  partitioner=None, name=None, initializer=None, init_size=0, seed=None,
                  device="cpu", max_hbm_bytes=None, comm=None, max_capacity=None,
-                 evict="lru", evict_window=32):
+                 evict="lru", evict_window=32, admit=None):
         self.dim = _checks.positive_int(dim, "dim")
         self.key_dtype = _checks.key_dtype(key_dtype)
         self.value_dtype = _checks.value_dtype(value_dtype)
@@ -151,6 +155,12 @@ class Variable:
         self.max_capacity, self.evict, self.evict_window = _bounds(
             max_capacity, evict, evict_window, self.num_shards, device_id)
         self._clock, self._epoch, self._last_step = 0, None, 0
+        if admit is not None and not (hasattr(admit, "count") and hasattr(admit, "min_count")):
+            raise TypeError(f"admit must be None or an admission filter (numbaemb.admission."
+                            f"CounterFilter / BloomFilter), got {type(admit).__name__}")
+        if admit is not None and device_id is not None:
+            raise NotImplementedError("admission filters run on CPU tables so far")
+        self.admit = admit
         if self.max_capacity is not None:
             from .bounded import BoundedShard
             self._arrays = HostArrays()
@@ -289,7 +299,8 @@ class Variable:
         return keys, self._shown(rows) if column == "values" else rows
 
     # ---- writes ----------------------------------------------------------------------
-    def find_or_insert(self, keys, return_exists=False, return_evicted=False, scores=None):
+    def find_or_insert(self, keys, return_exists=False, return_evicted=False, scores=None,
+                       _admitted_call=False):
         """Like ``lookup``, but absent keys are inserted with their initial values.
 
         Bounded tables (``max_capacity``): a key that is not admitted gets its initial
@@ -301,6 +312,12 @@ class Variable:
         n, a = flat.shape[0], self._arrays
         out = a.empty((n, self.dim), self._store)
         exists = a.empty(n, np.bool_)
+        if self.admit is not None and not _admitted_call:
+            with self._lock.write():
+                ok = admitted(self, keys, flat)
+            if ok is not None:
+                return self._filtered_find_or_insert(keys, flat, ok, return_exists,
+                                                     return_evicted, scores)
         if self.max_capacity is not None:
             return self._bounded_find_or_insert(keys, flat, out, return_exists,
                                                 return_evicted, scores)
@@ -335,9 +352,30 @@ class Variable:
         keys, flat = self._keys(keys, insert=True)
         values = self._values(values, keys.shape)
         with self._lock.write():
+            ok = admitted(self, keys, flat)
+            if ok is not None:                  # ids the filter does not admit yet: dropped
+                keys, flat, values = flat[ok], flat[ok], values[ok]
+                scores = None if scores is None else np.asarray(scores).reshape(-1)[ok]
             kw = self._bound_kw(scores, keys.shape)
             for shard, pos, k in self._parts(keys, flat):
                 shard.upsert(k, values if pos is None else self._arrays.take(values, pos), **kw)
+
+    def _filtered_find_or_insert(self, keys, flat, ok, return_exists, return_evicted, scores):
+        """``find_or_insert`` where only the positions ``ok`` may insert (an admission
+        filter's verdict); the others read their initial values and are absent."""
+        sub = self.find_or_insert(
+            flat[ok], return_exists=True, return_evicted=return_evicted, _admitted_call=True,
+            scores=None if scores is None else np.asarray(scores).reshape(-1)[ok])
+        rest, _ = self.lookup(flat[~ok], return_exists=True)
+        out = np.empty((flat.shape[0], self.dim), rest.dtype)
+        out[ok], out[~ok] = sub[0], rest
+        exists = np.zeros(flat.shape[0], np.bool_)
+        exists[ok] = sub[1]
+        result = [out.reshape(keys.shape + (self.dim,))]
+        if return_exists:
+            result.append(exists.reshape(keys.shape))
+        result += list(sub[2:])
+        return result[0] if len(result) == 1 else tuple(result)
 
     # ---- bounded tables (numbaemb.bounded) ------------------------------------------------
     def set_epoch(self, epoch):

@@ -1,0 +1,146 @@
+"""Admission filters: an id gets a row only once it has been seen ``min_count`` times.
+
+``Variable(dim, admit=CounterFilter(min_count=3))`` (or ``BloomFilter``): every
+inserting call (``find_or_insert``, ``upsert``, optimizer steps) first counts the
+occurrences of the ids that are not in the table yet; an id whose count stays
+below ``min_count`` gets no row: ``find_or_insert`` returns its initial values and
+reports it absent, ``upsert`` drops its value, an optimizer step its gradient
+(DeepRec's counter and Bloom filters).  Ids already in the table are never
+filtered.  Counts live outside the table:
+
+* :class:`CounterFilter`: exact counts in a bounded LRU table of ``capacity`` ids
+  (a ``numbaemb.Variable(1, value_dtype=int32, max_capacity=capacity)``): about
+  64 bytes per tracked id (index slots at load 1/2, the count, its score and the
+  score copy); an id pushed out of it starts again from 0.  An admitted id
+  leaves it.
+* :class:`BloomFilter`: a counting Bloom filter of ``m`` one-byte saturating
+  counters and ``k`` hashes sized for ``capacity`` ids at ``error_rate``
+  (``m = -capacity ln(p) / ln(2)^2``: 9.6 bytes per id at 1%); counts are upper
+  bounds (conservative update), so a rare id may be admitted early, never late.
+
+>>> import numpy as np, numbaemb as ne
+>>> v = ne.Variable(dim=1, admit=CounterFilter(min_count=2))
+>>> v.upsert(np.array([7]), np.array([[1.0]]))          # seen once: not admitted
+>>> v.size(), v.lookup(np.array([7])).tolist()
+(0, [[0.0]])
+>>> v.upsert(np.array([7]), np.array([[1.0]]))          # twice: admitted
+>>> v.size()
+1
+"""
+import math
+
+import numpy as np
+from numba import njit
+
+from jit_kernels.hashing import GOLDEN, hash_key, mix64
+from jit_kernels.segment import unique_inverse
+
+from . import _checks
+
+__all__ = ["CounterFilter", "BloomFilter", "admitted"]
+
+
+class CounterFilter:
+    """Exact counts of not-yet-admitted ids, in a bounded LRU table (see the module doc).
+
+    Args:
+      min_count: occurrences an id needs before it gets a row (>= 1).
+      capacity: ids tracked at once (the least recently seen are forgotten).
+    """
+
+    def __init__(self, min_count=3, capacity=1 << 20):
+        from .variable import Variable
+        self.min_count = _checks.positive_int(min_count, "min_count")
+        self.capacity = _checks.positive_int(capacity, "capacity")
+        self.counts = Variable(1, value_dtype=np.int32, max_capacity=self.capacity)
+
+    def count(self, keys):
+        """Count the occurrences of ``keys`` (int64, (n,), none admitted yet); returns
+        each position's count so far, this batch included (int64, (n,))."""
+        uniq, inverse = unique_inverse(keys)
+        seen = np.bincount(inverse, minlength=uniq.shape[0]).astype(np.int64)
+        total = self.counts.lookup(uniq)[:, 0].astype(np.int64) + seen
+        self.counts.upsert(uniq, np.minimum(total, np.iinfo(np.int32).max)[:, None])
+        done = total >= self.min_count
+        if done.any():                      # admitted: their counts are not needed again
+            self.counts.remove(uniq[done])
+        return total[inverse]
+
+    def __repr__(self):
+        return f"CounterFilter(min_count={self.min_count}, capacity={self.capacity})"
+
+
+@njit(nogil=True, cache=True)
+def _bloom_count(counters, k, keys, seen, out):
+    """Conservative-update counting Bloom filter: each distinct key's estimate (the
+    minimum of its ``k`` counters) plus ``seen[i]``, saturating at 255, written back
+    to every counter below it; ``out[i]`` = that new estimate."""
+    m = np.uint64(counters.shape[0])
+    for i in range(keys.shape[0]):
+        h = hash_key(keys[i])
+        est = 255
+        for j in range(k):
+            c = counters[np.int64(mix64(h + np.uint64(j + 1) * GOLDEN) % m)]
+            est = min(est, np.int64(c))
+        new = min(est + seen[i], 255)
+        for j in range(k):
+            p = np.int64(mix64(h + np.uint64(j + 1) * GOLDEN) % m)
+            if counters[p] < new:
+                counters[p] = new
+        out[i] = new
+
+
+class BloomFilter:
+    """Approximate counts in a counting Bloom filter (see the module doc).
+
+    Args:
+      min_count: occurrences an id needs before it gets a row (1..255).
+      capacity: ids the filter is sized for.
+      error_rate: false-positive rate at ``capacity`` ids (0 < p < 1).
+    """
+
+    def __init__(self, min_count=3, capacity=1 << 20, error_rate=0.01):
+        self.min_count = _checks.positive_int(min_count, "min_count")
+        if self.min_count > 255:
+            raise ValueError(f"min_count must be <= 255 for a BloomFilter, got {min_count}")
+        self.capacity = _checks.positive_int(capacity, "capacity")
+        if not 0.0 < float(error_rate) < 1.0:
+            raise ValueError(f"error_rate must be in (0, 1), got {error_rate}")
+        self.error_rate = float(error_rate)
+        m = max(8, int(math.ceil(-self.capacity * math.log(self.error_rate) / math.log(2) ** 2)))
+        self.k = max(1, int(round(m / self.capacity * math.log(2))))
+        self.counters = np.zeros(m, np.uint8)
+
+    def count(self, keys):
+        """As :meth:`CounterFilter.count` (upper bounds, saturating at 255)."""
+        uniq, inverse = unique_inverse(keys)
+        seen = np.bincount(inverse, minlength=uniq.shape[0]).astype(np.int64)
+        out = np.empty(uniq.shape[0], np.int64)
+        _bloom_count(self.counters, self.k, uniq, seen, out)
+        return out[inverse]
+
+    def __repr__(self):
+        return (f"BloomFilter(min_count={self.min_count}, capacity={self.capacity}, "
+                f"error_rate={self.error_rate})")
+
+
+def admitted(variable, keys, flat):
+    """Positions of ``flat`` (int64 keys, (n,)) that may get a row in ``variable``: the
+    ids it holds, and the absent ones whose count reaches the filter's ``min_count``
+    (counted here).  None when every position may (no filter, or nothing filtered)."""
+    f = getattr(variable, "admit", None)
+    if f is None or not flat.shape[0]:
+        return None
+    present = np.zeros(flat.shape[0], np.bool_)
+    for shard, pos, k in variable._parts(keys, flat):
+        found = shard.find_rows(k) >= 0
+        if pos is None:
+            present[:] = found
+        else:
+            present[pos] = found
+    absent = np.flatnonzero(~present)
+    if not absent.shape[0]:
+        return None
+    ok = present
+    ok[absent] = f.count(flat[absent]) >= f.min_count
+    return None if ok.all() else ok

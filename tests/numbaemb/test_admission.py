@@ -1,0 +1,95 @@
+"""Admission filters against a counting oracle: an absent id gets a row once it has
+been seen ``min_count`` times (occurrences in inserting calls while it is absent, its
+batch included); ids in the table are never filtered; a filtered id reads initial
+values, keeps no upserted value and takes no gradient."""
+import numpy as np
+import pytest
+
+import numbaemb as ne
+from numbaemb import optimizers as O
+from numbaemb.admission import BloomFilter, CounterFilter
+
+I64 = np.iinfo(np.int64)
+EXTREME = [int(I64.min), int(I64.max), -1, 0]
+
+
+@pytest.mark.parametrize("op", ["find_or_insert", "upsert", "train"])
+def test_counter_filter_admits_at_min_count(op):
+    init = ne.initializers.Constant(0.5)
+    v = ne.Variable(2, admit=CounterFilter(min_count=3), initializer=init)
+    counts, table = {}, {}
+    rng = np.random.default_rng(2)
+    for step in range(1, 30):
+        keys = np.concatenate([rng.choice(EXTREME, 2), rng.integers(-15, 15, 6)])
+        batch = {}
+        for k in keys.tolist():
+            batch[k] = batch.get(k, 0) + 1
+        ok = {k: k in table or counts.get(k, 0) + c >= 3 for k, c in batch.items()}
+        vals = rng.standard_normal((keys.size, 2)).astype(np.float32)
+        if op == "find_or_insert":
+            out, exists = v.find_or_insert(keys, return_exists=True)
+            seen = set()
+            for i, k in enumerate(keys.tolist()):
+                row = table.get(k, np.full(2, 0.5, np.float32))
+                assert np.array_equal(out[i], row) and exists[i] == (k in table or k in seen)
+                if ok[k]:
+                    seen.add(k)
+            for k in batch:
+                if ok[k]:
+                    table.setdefault(k, np.full(2, 0.5, np.float32))
+        elif op == "upsert":
+            v.upsert(keys, vals)
+            for i, k in enumerate(keys.tolist()):
+                if ok[k]:
+                    table[k] = vals[i]
+        else:
+            O.apply_gradients(v, O.SGD(1.0), keys, vals, step=step)
+            for k in batch:
+                if ok[k]:
+                    g = vals[keys == k].sum(0)
+                    table[k] = table.get(k, np.full(2, 0.5, np.float32)) - g
+        for k, c in batch.items():
+            if k not in table:
+                counts[k] = counts.get(k, 0) + c
+            else:
+                counts.pop(k, None)
+        got_k, got_v = v.export()
+        assert sorted(got_k.tolist()) == sorted(table)
+        for k, row in zip(got_k.tolist(), got_v):
+            np.testing.assert_allclose(row, table[k], rtol=1e-6)
+
+
+def test_counter_filter_forgets_beyond_its_capacity():
+    f = CounterFilter(min_count=2, capacity=8)
+    v = ne.Variable(1, admit=f)
+    for k in range(100):
+        v.find_or_insert(np.array([k]))
+        assert f.counts.size() <= 8
+    v.find_or_insert(np.arange(92, 100))          # the last 8 seen: still counted
+    assert sorted(v.export()[0].tolist()) == list(range(92, 100))
+
+
+def test_bloom_filter_never_admits_late_and_rarely_early():
+    f = BloomFilter(min_count=2, capacity=20_000, error_rate=0.01)
+    v = ne.Variable(1, admit=f)
+    twice = np.arange(0, 10_000) * 7 + 1
+    v.find_or_insert(twice)
+    v.find_or_insert(twice)
+    assert v.size() == twice.size                  # every id seen twice is in
+    once = np.arange(10_000, 20_000) * 7 + 1
+    v.find_or_insert(once)
+    early = v.size() - twice.size                 # seen once, admitted by collisions
+    assert early <= 0.05 * once.size
+
+
+def test_admission_with_a_bounded_table_and_bad_arguments():
+    v = ne.Variable(1, admit=CounterFilter(min_count=2), max_capacity=4)
+    for _ in range(2):
+        v.find_or_insert(np.arange(10))
+    assert v.size() == 4
+    with pytest.raises(TypeError, match="admission filter"):
+        ne.Variable(1, admit=3)
+    with pytest.raises(ValueError, match="min_count must be >= 1"):
+        CounterFilter(min_count=0)
+    with pytest.raises(ValueError, match="error_rate"):
+        BloomFilter(error_rate=1.5)
