@@ -1,8 +1,12 @@
-"""Kernels that update one row-aligned column at given rows (policy scores).
+"""Kernels over one row-aligned column: updates at given rows (policy scores, update
+steps) and whole-index passes that pick keys by a column (expiry, small rows).
 
 ``col`` is ``(row_capacity, 1)`` int64; ``rows`` ``(n,)`` int64 (-1 = skip).
 """
+import numpy as np
 from numba import njit, prange
+
+from .halfs import load
 
 _opts = dict(parallel=True, nogil=True, cache=True)
 
@@ -23,3 +27,34 @@ def count_rows(col, rows, owners):
             r = rows[i]
             if r >= 0 and r % owners == t:
                 col[r, 0] += 1
+
+
+@njit(nogil=True, cache=True)
+def keys_below(slots, col, threshold, out):
+    """Keys whose ``col[row, 0] < threshold`` (one pass over the index ``slots``, see
+    :mod:`jit_kernels.slots`) into ``out`` (capacity,); returns how many."""
+    n = 0
+    for s in range(slots.shape[0] // 2):
+        r = slots[2 * s + 1]
+        if r >= 0 and col[r, 0] < threshold:
+            out[n] = slots[2 * s]
+            n += 1
+    return n
+
+
+@njit(nogil=True, cache=True)
+def keys_with_small_rows(slots, values, min_sq, out):
+    """Keys whose row of ``values`` has a squared L2 norm below ``min_sq`` (16-bit float
+    rows widened, :mod:`jit_kernels.halfs`) into ``out``; returns how many."""
+    n = 0
+    for s in range(slots.shape[0] // 2):
+        r = slots[2 * s + 1]
+        if r >= 0:
+            sq = 0.0
+            for c in range(values.shape[1]):
+                x = np.float64(load(values[r], c))
+                sq += x * x
+            if sq < min_sq:
+                out[n] = slots[2 * s]
+                n += 1
+    return n

@@ -274,10 +274,15 @@ def _variable_manifest(variable):
 
 
 def _bounded_manifest(variable):
-    """A bounded table's configuration and clocks (nothing for other tables)."""
+    """A bounded table's configuration and clocks, a ``steps_to_live`` table's setting
+    and last step (nothing for other tables)."""
+    out = {}
+    if getattr(variable, "steps_to_live", None) is not None:
+        out.update(steps_to_live=int(variable.steps_to_live),
+                   last_step=int(variable._last_step))
     if getattr(variable, "max_capacity", None) is None:
-        return {}
-    return {"max_capacity": int(variable.max_capacity), "evict": variable.evict,
+        return out
+    return {**out, "max_capacity": int(variable.max_capacity), "evict": variable.evict,
             "evict_window": int(variable.evict_window), "clock": int(variable._clock),
             "epoch": variable._epoch, "last_step": int(variable._last_step)}
 
@@ -498,7 +503,7 @@ def read_config(ar):
             saved_hbm is None or isinstance(saved_hbm, int) and not isinstance(saved_hbm, bool)):
         raise _corrupt(path, "bad variable configuration (device, max_hbm_bytes)")
     bounded = {k: var[k] for k in ("max_capacity", "evict", "evict_window", "clock", "epoch",
-                                   "last_step") if k in var}
+                                   "last_step", "steps_to_live") if k in var}
     return dict(path=path, dim=dim, num_shards=saved_n, name=name, seed=seed,
                 key_dtype=key_dtype, value_dtype=value_dtype, initializer=initializer,
                 default=var.get("partitioner", "default") == "default", device=saved_device,
@@ -518,7 +523,10 @@ def make_variable(cfg, Variable, num_shards, partitioner, device, max_hbm_bytes,
     hbm = max_hbm_bytes if max_hbm_bytes is not None else (cfg["max_hbm_bytes"] if on_gpu else None)
     kwargs = {} if target_device == "cpu" and hbm is None else \
         dict(device=target_device, max_hbm_bytes=hbm)
-    bounded = cfg.get("bounded") or {}
+    bounded = dict(cfg.get("bounded") or {})
+    if "steps_to_live" in bounded:
+        kwargs["steps_to_live"] = bounded.pop("steps_to_live")
+    last_step = bounded.pop("last_step", None) if "max_capacity" not in bounded else None
     if bounded and n_target != 1:
         raise ValueError(f"checkpoint {path} holds a bounded table (max_capacity), which has "
                          f"one shard: load it with num_shards=None or 1, got {n_target}")
@@ -532,6 +540,8 @@ def make_variable(cfg, Variable, num_shards, partitioner, device, max_hbm_bytes,
         if bounded:             # the clocks go on from where they were
             v._clock, v._last_step = int(bounded["clock"]), int(bounded["last_step"])
             v._epoch = None if bounded["epoch"] is None else int(bounded["epoch"])
+        elif last_step is not None:
+            v._last_step = int(last_step)
         return v
     except (TypeError, ValueError, KeyError) as e:
         raise _corrupt(path, f"bad variable configuration ({e})") from None

@@ -27,6 +27,7 @@ from jit_kernels.segment import segment_sum, unique_inverse
 
 from . import _checks
 from .admission import admitted
+from .expiry import mark_updated
 from .initializers import Constant, Zeros
 from .variable import Variable
 
@@ -324,6 +325,7 @@ def apply_gradients(variable, optimizer, ids, grads, *, step, learning_rate=None
             cols = {name: shard.columns[optimizer.column(name)].data
                     for name, _ in optimizer.slots()}
             optimizer._update(shard.values, cols, rows, g, lr, step, fresh, w0)
+            mark_updated(shard, rows, step)         # (steps_to_live tables)
 
 
 def _add_slot_columns(variable, optimizer):
@@ -371,6 +373,7 @@ def _apply_delta(variable, optimizer, uniq, sums, lr, step):
         for shard, pos, k in variable._parts(keys, uniq):
             rows = shard.find_rows(k)
             hit = rows >= 0
+            mark_updated(shard, rows[hit], step)
             for name, _ in slots:
                 src = cols[name] if pos is None else cols[name][pos]
                 shard.columns[optimizer.column(name)].data[rows[hit]] = src[hit]

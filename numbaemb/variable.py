@@ -95,6 +95,9 @@ class Variable:
         ``"epoch_lru"``, ``"epoch_lfu"`` (epoch from :meth:`set_epoch`, else the last
         optimizer step) or ``"custom"`` (``scores=`` of ``find_or_insert`` / ``upsert``).
       evict_window: index slots a new key looks at for its victim (default 32).
+      steps_to_live: None, or keep per key the optimizer step that last updated it, so
+        that :func:`numbaemb.expiry.expire` can drop the keys not updated in that many
+        steps (see :mod:`numbaemb.expiry`; CPU).
       admit: None, or an admission filter (:mod:`numbaemb.admission`:
         ``CounterFilter(min_count)`` / ``BloomFilter(min_count, capacity, error_rate)``):
         an absent id gets a row only once it has been seen ``min_count`` times.
@@ -128,7 +131,7 @@ class Variable:
     def __init__(self, dim, *, key_dtype=np.int64, value_dtype=np.float32, num_shards=1,
                  partitioner=None, name=None, initializer=None, init_size=0, seed=None,
                  device="cpu", max_hbm_bytes=None, comm=None, max_capacity=None,
-                 evict="lru", evict_window=32, admit=None):
+                 evict="lru", evict_window=32, admit=None, steps_to_live=None):
         self.dim = _checks.positive_int(dim, "dim")
         self.key_dtype = _checks.key_dtype(key_dtype)
         self.value_dtype = _checks.value_dtype(value_dtype)
@@ -177,6 +180,13 @@ class Variable:
             self.shards = [CudaShard(self.dim, self._store, params, per_shard, device_id,
                                      budget) for _ in range(self.num_shards)]
         self._lock = RWLock()
+        self.steps_to_live = None if steps_to_live is None else _checks.positive_int(
+            steps_to_live, "steps_to_live")
+        if self.steps_to_live is not None:
+            if device_id is not None:
+                raise NotImplementedError("steps_to_live runs on CPU tables so far")
+            from .expiry import add_step_column
+            add_step_column(self)
 
     # ---- helpers -------------------------------------------------------------------
     def config(self) -> dict:
@@ -186,7 +196,8 @@ class Variable:
                     partitioner=self.partitioner, name=self.name,
                     initializer=self.initializer, seed=self.seed, device=self.device,
                     max_hbm_bytes=self.max_hbm_bytes, max_capacity=self.max_capacity,
-                    evict=self.evict, evict_window=self.evict_window)
+                    evict=self.evict, evict_window=self.evict_window,
+                    steps_to_live=self.steps_to_live)
 
     @property
     def _id_dtype(self):

@@ -1,0 +1,86 @@
+"""Dropping stale and small rows: DeepRec's ``steps_to_live`` and L2-norm threshold.
+
+``Variable(dim, steps_to_live=N)`` keeps, per key, the optimizer step that last
+updated it (a row-aligned ``updated_step`` column: checkpointed with the rest,
+0 for keys no step has updated yet).  :func:`expire` removes, in one pass over
+the index, every key not updated in the last N steps; call it when you choose
+(every step, every K steps).  :func:`prune_small` removes the keys whose row's
+L2 norm is below a threshold.  Removed keys leave with every column.
+
+>>> import numpy as np, numbaemb as ne
+>>> v = ne.Variable(dim=1, steps_to_live=2)
+>>> for step, ids in enumerate([[1, 2], [2], [2], [3]], start=1):
+...     ne.optimizers.apply_gradients(v, ne.optimizers.SGD(0.1), np.array(ids),
+...                                   np.ones((len(ids), 1)), step=step)
+>>> expire(v), sorted(v.export()[0].tolist())     # 1: last updated at step 1 of 4
+(1, [2, 3])
+"""
+import contextlib
+
+import numpy as np
+
+from jit_kernels import columns as k
+from jit_kernels.initializers import ZEROS
+
+from . import _checks
+
+__all__ = ["expire", "prune_small", "STEP"]
+
+STEP = "updated_step"
+
+
+def add_step_column(variable):
+    """Create the ``updated_step`` column on every shard (``steps_to_live`` tables)."""
+    for shard in variable.shards:
+        if STEP not in shard.columns:
+            shard.add_column(STEP, 1, np.int64, (ZEROS, 0.0, 0.0, 0, np.zeros(1)))
+
+
+def mark_updated(shard, rows, step):
+    """``updated_step`` of ``rows`` = ``step`` (an optimizer step, caller holds the lock)."""
+    col = shard.columns.get(STEP)
+    if col is not None:
+        k.set_rows(col.data, rows, step)
+
+
+def _remove_picked(variable, pick):
+    """Remove, under the write lock, the keys ``pick(shard) -> keys`` chooses per shard."""
+    removed = 0
+    names = getattr(variable, "names", None)            # a string table's name index
+    with getattr(variable, "_mutate", contextlib.nullcontext()), variable._lock.write():
+        for shard in variable.shards:
+            keys = pick(shard)
+            if keys.shape[0]:
+                removed += shard.remove(keys)
+                if names is not None:
+                    names.drop(keys)
+    return removed
+
+
+def expire(variable, step=None):
+    """Remove the keys that no optimizer step updated in the last ``steps_to_live``
+    steps before ``step`` (default: the variable's last optimizer step): those whose
+    ``updated_step <= step - steps_to_live``.  Returns how many were removed."""
+    ttl = getattr(variable, "steps_to_live", None)
+    if ttl is None:
+        raise ValueError("expire needs a table made with steps_to_live")
+    step = variable._last_step if step is None else _checks.positive_int(step, "step", 0)
+    threshold = step - ttl + 1
+
+    def pick(shard):
+        out = np.empty(shard.capacity, np.int64)
+        return out[:k.keys_below(shard.slots, shard.columns[STEP].data, threshold, out)]
+    return _remove_picked(variable, pick)
+
+
+def prune_small(variable, min_norm):
+    """Remove the keys whose row (``values``) has an L2 norm below ``min_norm``; returns
+    how many were removed."""
+    min_norm = float(min_norm)
+    if not min_norm >= 0.0:
+        raise ValueError(f"min_norm must be a number >= 0, got {min_norm}")
+
+    def pick(shard):
+        out = np.empty(shard.capacity, np.int64)
+        return out[:k.keys_with_small_rows(shard.slots, shard.values, min_norm ** 2, out)]
+    return _remove_picked(variable, pick)
