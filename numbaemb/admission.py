@@ -1,9 +1,11 @@
-"""Admission filters: an id gets a row only once it has been seen ``min_count`` times.
+"""Admission filters: an id gets a row only once it has been seen in ``min_count`` calls.
 
 ``Variable(dim, admit=CounterFilter(min_count=3))`` (or ``BloomFilter``): every
 inserting call (``find_or_insert``, ``upsert``, optimizer steps) first counts the
-occurrences of the ids that are not in the table yet; an id whose count stays
-below ``min_count`` gets no row: ``find_or_insert`` returns its initial values and
+ids that are not in the table yet, once per call however often a batch repeats
+them (so a training step counts an id once, whether it reaches the table through
+TensorFlow's summed gradient or through numpy); an id whose count stays below
+``min_count`` gets no row: ``find_or_insert`` returns its initial values and
 reports it absent, ``upsert`` drops its value, an optimizer step its gradient
 (DeepRec's counter and Bloom filters).  Ids already in the table are never
 filtered.  Counts live outside the table:
@@ -20,7 +22,7 @@ filtered.  Counts live outside the table:
 
 >>> import numpy as np, numbaemb as ne
 >>> v = ne.Variable(dim=1, admit=CounterFilter(min_count=2))
->>> v.upsert(np.array([7]), np.array([[1.0]]))          # seen once: not admitted
+>>> v.upsert(np.array([7, 7]), np.ones((2, 1)))         # one call: seen once, not admitted
 >>> v.size(), v.lookup(np.array([7])).tolist()
 (0, [[0.0]])
 >>> v.upsert(np.array([7]), np.array([[1.0]]))          # twice: admitted
@@ -55,11 +57,10 @@ class CounterFilter:
         self.counts = Variable(1, value_dtype=np.int32, max_capacity=self.capacity)
 
     def count(self, keys):
-        """Count the occurrences of ``keys`` (int64, (n,), none admitted yet); returns
-        each position's count so far, this batch included (int64, (n,))."""
+        """Count this call for every distinct id of ``keys`` (int64, (n,), none admitted
+        yet); returns each position's count so far, this call included (int64, (n,))."""
         uniq, inverse = unique_inverse(keys)
-        seen = np.bincount(inverse, minlength=uniq.shape[0]).astype(np.int64)
-        total = self.counts.lookup(uniq)[:, 0].astype(np.int64) + seen
+        total = self.counts.lookup(uniq)[:, 0].astype(np.int64) + 1
         self.counts.upsert(uniq, np.minimum(total, np.iinfo(np.int32).max)[:, None])
         done = total >= self.min_count
         if done.any():                      # admitted: their counts are not needed again
@@ -114,7 +115,7 @@ class BloomFilter:
     def count(self, keys):
         """As :meth:`CounterFilter.count` (upper bounds, saturating at 255)."""
         uniq, inverse = unique_inverse(keys)
-        seen = np.bincount(inverse, minlength=uniq.shape[0]).astype(np.int64)
+        seen = np.ones(uniq.shape[0], np.int64)
         out = np.empty(uniq.shape[0], np.int64)
         _bloom_count(self.counters, self.k, uniq, seen, out)
         return out[inverse]

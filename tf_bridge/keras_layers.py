@@ -87,7 +87,8 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
         benchmark's job: 8.0M against 6.5M ids/s, 2-core VM).  Training always
         finds the distinct ids (the gradient is summed per id).
       restrict_policy, bp_v2, init_size, num_shards, partitioner, seed, max_capacity,
-      evict: as ``de.Variable``
+      evict, admit, steps_to_live: as ``de.Variable`` (``admit`` is not saved in the
+      layer's config)
         (``init_capacity``: TFRA's name for ``init_size``).
       max_norm: clip each looked-up row's L2 norm.
       distributed: split the table across the MPI ranks of ``tf_bridge.distributed``
@@ -100,7 +101,8 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
                  combiner=None, initializer=None, devices=None, name=None, with_unique=False, *,
                  restrict_policy=None, bp_v2=False, init_size=0, num_shards=None,
                  partitioner=None, seed=None, max_norm=None, distributed=False,
-                 init_capacity=None, max_capacity=None, evict="lru", **kwargs):
+                 init_capacity=None, max_capacity=None, evict="lru", admit=None,
+                 steps_to_live=None, **kwargs):
         if init_capacity is not None:        # TFRA's name for init_size
             if init_size:
                 raise ValueError("pass init_size or init_capacity (TFRA's name), not both")
@@ -129,7 +131,7 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
                                init_size=init_size, restrict_policy=restrict_policy,
                                bp_v2=bp_v2, num_shards=num_shards, seed=seed,
                                distributed=distributed, max_capacity=max_capacity,
-                               evict=evict)
+                               evict=evict, admit=admit, steps_to_live=steps_to_live)
         self.distributed = bool(distributed)
         self.supports_jit = False        # tf.numpy_function cannot be XLA-compiled
 
@@ -260,6 +262,7 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
             distributed=self.distributed,
             num_shards=self.params.table.num_shards,
             max_capacity=self.params.table.max_capacity, evict=self.params.table.evict,
+            steps_to_live=getattr(self.params.table, "steps_to_live", None),
             restrict_policy=None if policy is None else type(policy).__name__)
         return config
 

@@ -220,6 +220,9 @@ class Variable(tf.__internal__.tracking.Trackable):
         an insert into a full table evicting the lowest-scored key of its window
         (``evict``: "lru", "lfu", "epoch_lru", "epoch_lfu"; see :mod:`numbaemb.bounded`).
         Optimizer steps drop the gradients of ids that were not admitted.
+      admit: an admission filter (keyword only; :mod:`numbaemb.admission`).
+      steps_to_live: keep each key's last update step (keyword only); :meth:`expire`
+        drops the keys no step updated in that many steps.
       distributed: split the keys across the MPI ranks of ``tf_bridge.distributed``
         (keyword only; each id's row on rank ``id mod size``, ``num_shards`` local
         shards on each).  Creating it, lookups, ``size()``, writes and optimizer steps
@@ -243,7 +246,8 @@ class Variable(tf.__internal__.tracking.Trackable):
                  partitioner=None, shared_name=None, name="DynamicEmbedding_Variable",
                  initializer=None, trainable=True, checkpoint=True, init_size=0,
                  kv_creator=None, restrict_policy=None, bp_v2=False, *, num_shards=None,
-                 seed=None, distributed=False, max_capacity=None, evict="lru"):
+                 seed=None, distributed=False, max_capacity=None, evict="lru", admit=None,
+                 steps_to_live=None):
         if kv_creator is not None:
             raise ValueError("kv_creator must be None: tables are numbaemb shards in host memory")
         if not isinstance(name, str) or not name:
@@ -265,7 +269,7 @@ class Variable(tf.__internal__.tracking.Trackable):
             dim, num_shards=len(self.devices) if num_shards is None else num_shards,
             partitioner=partitioner, name=name, init_size=init_size, seed=seed,
             initializer=self.initializer if kernel_init else None, comm=comm,
-            **_bounded_opts(max_capacity, evict, comm), **opts)
+            **_bounded_opts(max_capacity, evict, comm, admit, steps_to_live), **opts)
         self.distributed = self.table.comm is not None     # split across more than one rank
         # callable initializers: initial rows handed out by training lookups, kept until
         # an optimizer step inserts them (insert_initial_values), so it trains what the loss saw
@@ -523,6 +527,18 @@ class Variable(tf.__internal__.tracking.Trackable):
                          "lookups call back into Python); use tf.train.Checkpoint to save "
                          "training state and tf_bridge.export_for_serving for serving")
 
+    def expire(self, step=None):
+        """Remove the keys no optimizer step updated in the last ``steps_to_live`` steps
+        (eager; :func:`numbaemb.expiry.expire`); returns how many."""
+        from numbaemb.expiry import expire
+        return expire(self.table, step)
+
+    def prune_small(self, min_norm):
+        """Remove the keys whose row's L2 norm is below ``min_norm`` (eager); returns how
+        many (:func:`numbaemb.expiry.prune_small`)."""
+        from numbaemb.expiry import prune_small
+        return prune_small(self.table, min_norm)
+
     def restrict(self, num_reserved, trigger=None, name=None, **kwargs):
         """Evict keys by ``restrict_policy`` (TFRA): once size exceeds ``trigger``
         (default ``num_reserved``) keep the ``num_reserved`` best-scored keys; removed
@@ -559,14 +575,16 @@ def _distributed_comm(distributed, kernel_init, restrict_policy, initializer):
     return hvd.comm()
 
 
-def _bounded_opts(max_capacity, evict, comm):
-    """numbaemb's bounded-table arguments (none for an unbounded table)."""
-    if max_capacity is None:
-        return {}
-    if comm is not None:
-        raise NotImplementedError("max_capacity on a table split across MPI ranks is not "
-                                  "supported yet")
-    return dict(max_capacity=max_capacity, evict=evict)
+def _bounded_opts(max_capacity, evict, comm, admit, steps_to_live):
+    """numbaemb's arguments for bounding a table (none for a plain one)."""
+    opts = {k: v for k, v in dict(max_capacity=max_capacity, admit=admit,
+                                  steps_to_live=steps_to_live).items() if v is not None}
+    if opts and comm is not None:
+        raise NotImplementedError(f"{', '.join(opts)} on a table split across MPI ranks is "
+                                  "not supported yet")
+    if max_capacity is not None:
+        opts["evict"] = evict
+    return opts
 
 
 def owner_of(obj):

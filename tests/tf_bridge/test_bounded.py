@@ -60,3 +60,22 @@ def test_restoring_more_keys_than_the_capacity_is_refused():
     with pytest.raises(ValueError, match="max_capacity"):
         restore_table_state(small, table_state(big))
     assert int(small.size()) == 0
+
+
+def test_admission_and_steps_to_live_through_the_layer():
+    from numbaemb.admission import CounterFilter
+    ids = keras.Input((2,), dtype="int64")
+    emb = de.keras.layers.Embedding(2, combiner="sum", name="admit_emb", steps_to_live=2,
+                                    admit=CounterFilter(min_count=2))
+    model = keras.Model(ids, keras.layers.Dense(1)(emb(ids)))
+    model.compile(optimizer=de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)),
+                  loss="mse")
+    x = np.array([[1, 2], [3, 1]], np.int64)       # a step counts each id once
+    model.fit(x, np.ones((2, 1)), batch_size=2, epochs=1, verbose=0)
+    assert int(emb.params.size()) == 0
+    model.fit(np.array([[1, 4], [1, 1]]), np.ones((2, 1)), batch_size=2, verbose=0)
+    assert sorted(emb.params.export()[0].numpy().tolist()) == [1]     # second step: in
+    for _ in range(3):                             # 5 and 6 get in; 1 goes stale
+        model.fit(np.array([[5, 6], [5, 6]]), np.ones((2, 1)), batch_size=2, verbose=0)
+    assert emb.params.expire() == 1
+    assert sorted(emb.params.export()[0].numpy().tolist()) == [5, 6]
