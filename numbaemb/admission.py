@@ -145,3 +145,45 @@ def admitted(variable, keys, flat):
     ok = present
     ok[absent] = f.count(flat[absent]) >= f.min_count
     return None if ok.all() else ok
+
+
+# ---- checkpoints (numbaemb.checkpoint stores these beside the table) -----------------------
+def state(f):
+    """``(config, arrays)`` of filter ``f``: a JSON-able dict and named int arrays."""
+    if isinstance(f, BloomFilter):
+        return ({"kind": "bloom", "min_count": f.min_count, "capacity": f.capacity,
+                 "error_rate": f.error_rate}, {"counters": f.counters})
+    if isinstance(f, CounterFilter):
+        keys, counts = f.counts.export()
+        shard = f.counts.shards[0]
+        scores = shard.columns["score"].data[shard.find_rows(keys), 0]
+        return ({"kind": "counter", "min_count": f.min_count, "capacity": f.capacity,
+                 "clock": int(f.counts._clock)},
+                {"keys": keys.astype(np.int64), "counts": counts[:, 0].astype(np.int64),
+                 "scores": scores.astype(np.int64)})
+    raise TypeError(f"cannot checkpoint admission filter {type(f).__name__}")
+
+
+def from_state(config, arrays):
+    """The filter that :func:`state` described; ValueError if it does not fit."""
+    kind = config.get("kind")
+    if kind == "bloom":
+        f = BloomFilter(config["min_count"], config["capacity"], config["error_rate"])
+        counters = np.asarray(arrays["counters"])
+        if counters.shape != f.counters.shape:
+            raise ValueError("Bloom filter counters do not match its configuration")
+        f.counters[:] = counters
+        return f
+    if kind == "counter":
+        f = CounterFilter(config["min_count"], config["capacity"])
+        keys, counts, scores = (np.asarray(arrays[n], np.int64)
+                                for n in ("keys", "counts", "scores"))
+        if not keys.shape == counts.shape == scores.shape or keys.shape[0] > f.capacity:
+            raise ValueError("counter filter state does not match its configuration")
+        f.counts.upsert(keys, counts[:, None])
+        shard = f.counts.shards[0]
+        shard.columns["score"].data[shard.find_rows(keys), 0] = scores
+        shard._loaded()
+        f.counts._clock = max(int(config["clock"]), int(scores.max()) if scores.size else 0)
+        return f
+    raise ValueError(f"unknown admission filter kind {kind!r}")

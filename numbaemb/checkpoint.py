@@ -62,6 +62,8 @@ from jit_kernels import cpu_table as k
 
 from . import _checks
 from . import initializers as inits
+from ._checkpoint_extras import (_bounded_manifest, _read_admission, _read_names,
+                                 _write_admission, _write_names)
 from .shard import Shard
 from .sharding import default_partitioner, split
 from ._checkpoint_read import (FORMAT, FORMAT_VERSION, MANIFEST, _Archive, _Corrupt,
@@ -273,20 +275,6 @@ def _variable_manifest(variable):
             **_bounded_manifest(variable)}
 
 
-def _bounded_manifest(variable):
-    """A bounded table's configuration and clocks, a ``steps_to_live`` table's setting
-    and last step (nothing for other tables)."""
-    out = {}
-    if getattr(variable, "steps_to_live", None) is not None:
-        out.update(steps_to_live=int(variable.steps_to_live),
-                   last_step=int(variable._last_step))
-    if getattr(variable, "max_capacity", None) is None:
-        return out
-    return {**out, "max_capacity": int(variable.max_capacity), "evict": variable.evict,
-            "evict_window": int(variable.evict_window), "clock": int(variable._clock),
-            "epoch": variable._epoch, "last_step": int(variable._last_step)}
-
-
 def _write_archive(variable, fileobj):
     """Stream the whole variable into ``fileobj`` (caller holds the read lock)."""
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION,
@@ -317,41 +305,12 @@ def _write_archive(variable, fileobj):
         manifest["size"] = total
         if names is not None:
             manifest["names"] = _write_names(zf, variable, np.concatenate(names))
+        if getattr(variable, "admit", None) is not None:
+            manifest["admission"] = _write_admission(zf, variable.admit)
         info = zipfile.ZipInfo(MANIFEST, date_time=(1980, 1, 1, 0, 0, 0))
         info.external_attr = 0o644 << 16
         zf.writestr(info, json.dumps(manifest, indent=1, allow_nan=True).encode(),
                     compress_type=zipfile.ZIP_STORED)
-
-
-def _write_names(zf, variable, ids):
-    """A string table's names: ``names/ids.npy`` (int64), ``names/starts.npy`` (int64,
-    n + 1) and ``names/bytes.npy`` (uint8): string i is ``bytes[starts[i]:starts[i+1]]``."""
-    buf, starts = variable.names.state(ids)
-    step = _chunk_rows(1, 8)
-    return {name: _write_member(zf, f"names/{name}.npy", a.dtype, a.shape,
-                                (a[i:i + step] for i in range(0, max(a.shape[0], 1), step)))
-            for name, a in (("ids", ids), ("starts", starts), ("bytes", buf))}
-
-
-def _read_names(ar, v):
-    """Register the names of a string table's checkpoint in ``v`` (filled already)."""
-    path, man = ar.path, ar.manifest
-    entry = _get(man, "names", dict, path)
-    n = man.get("size")
-    ids = _read_whole(ar, _get(entry, "ids", dict, path, "names.ids"), "names.ids", np.int64, (n,))
-    starts = _read_whole(ar, _get(entry, "starts", dict, path, "names.starts"), "names.starts",
-                         np.int64, (n + 1,))
-    if starts[0] != 0 or (np.diff(starts) < 0).any():
-        raise _corrupt(path, "names.starts is not a non-decreasing sequence from 0")
-    buf = _read_whole(ar, _get(entry, "bytes", dict, path, "names.bytes"), "names.bytes",
-                      np.uint8, (int(starts[-1]),))
-    held = v._export("values")[0] if n else np.empty(0, np.int64)
-    if not np.array_equal(np.sort(ids), np.sort(held)):
-        raise _corrupt(path, "the names' ids are not the table's ids")
-    try:
-        v.names.restore(ids, buf, starts)
-    except ValueError as e:
-        raise _corrupt(path, f"bad names ({e})") from None
 
 
 def _library_version():
@@ -473,6 +432,8 @@ def _load(ar, Variable, num_shards, partitioner, device, max_hbm_bytes):
     fill(v, [ar], identity=identity)
     if hasattr(v, "names"):
         _read_names(ar, v)
+    if "admission" in ar.manifest:
+        v.admit = _read_admission(ar)
     return v
 
 

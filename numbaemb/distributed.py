@@ -92,7 +92,11 @@ class DistributedVariable(Variable):
 
     def __init__(self, dim, *, comm, key_dtype=np.int64, value_dtype=np.float32, num_shards=1,
                  partitioner=None, name=None, initializer=None, init_size=0, seed=None,
-                 device="cpu", max_hbm_bytes=None):
+                 device="cpu", max_hbm_bytes=None, **bounds):
+        if any(v is not None for k, v in bounds.items() if k in ("max_capacity", "admit",
+                                                                  "steps_to_live")):
+            raise NotImplementedError("max_capacity, admit and steps_to_live are not supported "
+                                      "on tables split across MPI ranks yet")
         world = size_of(comm)
         self.user_comm = comm
         self._comm = Comm.of(comm)

@@ -93,3 +93,19 @@ def test_admission_with_a_bounded_table_and_bad_arguments():
         CounterFilter(min_count=0)
     with pytest.raises(ValueError, match="error_rate"):
         BloomFilter(error_rate=1.5)
+
+
+@pytest.mark.parametrize("make", [lambda: CounterFilter(min_count=3, capacity=50),
+                                  lambda: BloomFilter(min_count=3, capacity=500)],
+                         ids=["counter", "bloom"])
+def test_filter_state_survives_a_checkpoint(make, tmp_path):
+    v, twin = ne.Variable(2, admit=make()), ne.Variable(2, admit=make())
+    for ids in (np.arange(10), np.arange(5)):
+        v.find_or_insert(ids)
+        twin.find_or_insert(ids)
+    v.save(tmp_path / "a.nbe")
+    w = ne.Variable.load(tmp_path / "a.nbe")
+    assert type(w.admit) is type(v.admit) and w.admit.min_count == 3 and w.size() == 0
+    for t in (w, twin):
+        t.find_or_insert(np.arange(10))           # the third call for 0..4: in
+    assert sorted(w.export()[0].tolist()) == sorted(twin.export()[0].tolist()) == list(range(5))
