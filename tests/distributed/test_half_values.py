@@ -29,6 +29,7 @@ def test_half_tables_equal_one_process(value_dtype):
     init = ne.initializers.RandomNormal(seed=3)
     v = ne.Variable(3, comm=COMM, value_dtype=value_dtype, initializer=init, name="half")
     one = ne.Variable(3, value_dtype=value_dtype, initializer=init, name="half")
+    assert v.value_dtype == one.value_dtype       # configuration: the same on every rank
     rng = np.random.default_rng(10 + RANK)
     for step in range(1, 5):
         keys = rng.integers(-6, 6, 5)
