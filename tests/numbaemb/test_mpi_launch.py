@@ -3,7 +3,6 @@
 Each test launches ``mpiexec -n 2`` in a subprocess (with a time limit) on a small
 script; skipped without mpi4py and its ``mpiexec``.  Not run under mpiexec itself.
 """
-import os
 import subprocess
 import sys
 import textwrap

@@ -11,7 +11,6 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-import numbaemb as ne  # noqa: E402
 import tf_bridge as de  # noqa: E402
 from tf_bridge.checkpoint import restore_table_state, table_state  # noqa: E402
 
