@@ -58,7 +58,7 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from .bitcast import bits_f32, f32_bits
 from .halfs import sixteen, store
@@ -257,7 +257,6 @@ def init_value(stream, col, kind, a, b, const):
     return np.float64(a32 + mul(b32, min(max(normal_ppf(lo + mul(span, u)), -lim), lim)))
 
 
-@njit(**_opts)
 def init_row(dst, key, kind, a, b, seed, const):
     """Fill ``dst`` (shape ``(dim,)``) with the initial values of ``key``.
 
@@ -265,13 +264,34 @@ def init_row(dst, key, kind, a, b, seed, const):
     The uniforms go through ``dst`` first (exact in float32 and float64), one
     64-bit mix for two columns; then each is transformed in place.  A normal row
     with no uniform in the far tails (80% of rows of 64) skips :func:`ppf_far`.
+    16-bit float rows (:mod:`jit_kernels.halfs`) get the float32 values rounded
+    once.  Kernels compile only the variant their row dtype needs (an overload).
     """
+    return (_init_row_16 if sixteen(dst) else _init_row_wide)(dst, key, kind, a, b, seed, const)
+
+
+@overload(init_row)
+def _init_row_overload(dst, key, kind, a, b, seed, const):
+    # calls of the (cached) dispatchers: each variant compiles once, only where needed
+    if isinstance(dst, types.Array) and dst.dtype in (types.uint16, types.int16):
+        return lambda dst, key, kind, a, b, seed, const: _init_row_16(dst, key, kind, a, b,
+                                                                      seed, const)
+    return lambda dst, key, kind, a, b, seed, const: _init_row_wide(dst, key, kind, a, b,
+                                                                    seed, const)
+
+
+@njit(**_opts)
+def _init_row_16(dst, key, kind, a, b, seed, const):
+    """:func:`init_row` for 16-bit float storage: each column's float32 value, rounded."""
+    stream = key_stream(seed, key) if kind > CONSTANT else np.uint64(0)
+    for c in range(dst.shape[0]):
+        store(dst, c, np.float32(init_value(stream, c, kind, a, b, const)))
+
+
+@njit(**_opts)
+def _init_row_wide(dst, key, kind, a, b, seed, const):
+    """:func:`init_row` for float32 / float64 / integer rows."""
     n = dst.shape[0]
-    if sixteen(dst):                     # 16-bit float storage: float32 values, rounded once
-        stream = key_stream(seed, key) if kind > CONSTANT else np.uint64(0)
-        for c in range(n):
-            store(dst, c, np.float32(init_value(stream, c, kind, a, b, const)))
-        return
     if kind == ZEROS:
         for c in range(n):
             dst[c] = 0
