@@ -30,9 +30,9 @@ from . import initializers, policies  # noqa: E402
 from ._memory import aligned_empty, is_aligned  # noqa: E402
 from .sharding import default_partitioner  # noqa: E402
 from .variable import Variable, get_variable  # noqa: E402
-from . import optimizers  # noqa: E402
+from . import admission, expiry, optimizers  # noqa: E402
 from ._checks import DtypeError  # noqa: E402
 
-__all__ = ["Variable", "get_variable", "initializers", "optimizers", "policies",
-           "default_partitioner", "aligned_empty", "is_aligned", "DtypeError"]
+__all__ = ["Variable", "get_variable", "initializers", "optimizers", "policies", "admission",
+           "expiry", "default_partitioner", "aligned_empty", "is_aligned", "DtypeError"]
 __version__ = "0.1.0"
