@@ -4,8 +4,10 @@
 updated it (a row-aligned ``updated_step`` column: checkpointed with the rest,
 0 for keys no step has updated yet).  :func:`expire` removes, in one pass over
 the index, every key not updated in the last N steps; call it when you choose
-(every step, every K steps).  :func:`prune_small` removes the keys whose row's
-L2 norm is below a threshold.  Removed keys leave with every column.
+(every step, every K steps), between training steps: a key a concurrent step
+updates after the pass read it is still removed.  :func:`prune_small` removes the
+keys whose row's L2 norm is below a threshold.  Removed keys leave with every
+column.
 
 >>> import numpy as np, numbaemb as ne
 >>> v = ne.Variable(dim=1, steps_to_live=2)
@@ -15,8 +17,6 @@ L2 norm is below a threshold.  Removed keys leave with every column.
 >>> expire(v), sorted(v.export()[0].tolist())     # 1: last updated at step 1 of 4
 (1, [2, 3])
 """
-import contextlib
-
 import numpy as np
 
 from jit_kernels import columns as k
@@ -44,17 +44,15 @@ def mark_updated(shard, rows, step):
 
 
 def _remove_picked(variable, pick):
-    """Remove, under the write lock, the keys ``pick(shard) -> keys`` chooses per shard."""
-    removed = 0
-    names = getattr(variable, "names", None)            # a string table's name index
-    with getattr(variable, "_mutate", contextlib.nullcontext()), variable._lock.write():
-        for shard in variable.shards:
-            keys = pick(shard)
-            if keys.shape[0]:
-                removed += shard.remove(keys)
-                if names is not None:
-                    names.drop(keys)
-    return removed
+    """Remove the keys ``pick(shard) -> keys`` chooses in each shard (one pass over its
+    index, under the read lock), through ``variable.remove`` (which also forgets a
+    string table's names).  Returns how many were removed."""
+    with variable._lock.read():
+        picked = [pick(shard) for shard in variable.shards]
+    keys = np.concatenate(picked) if picked else np.empty(0, np.int64)
+    if keys.shape[0]:
+        variable.remove(keys.astype(variable._id_dtype, copy=False))
+    return int(keys.shape[0])
 
 
 def expire(variable, step=None):

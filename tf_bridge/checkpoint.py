@@ -328,10 +328,9 @@ def restore_table_state(variable, state):
 def _bounded_restored(table, cols):
     """A bounded table after a restore: its score copy rebuilt, and its clock past every
     restored LRU score (later calls must score above the restored keys)."""
-    shard = table.shards[0]
     if getattr(table, "max_capacity", None) is None:
         return
-    shard._loaded()
+    table.shards[0]._loaded()
     scores = next((c[4][:, 0] for c in cols if c[0] == "score"), None)
     if scores is not None and scores.size and table.evict in ("lru", "epoch_lru"):
         low = scores if table.evict == "lru" else scores & 0xFFFFFFFF

@@ -99,11 +99,15 @@ def as_string_keys(keys, name="keys"):
         arr = np.asarray(keys, dtype=object if isinstance(keys, (list, tuple)) else None)
         if arr.size == 0:
             return tf.constant(np.empty(arr.shape, object), tf.string)
-        if arr.dtype.kind not in "OSU" or (arr.dtype.kind == "O" and not all(
-                isinstance(x, (bytes, str)) for x in arr.reshape(-1).tolist())):
+        bad = arr.dtype.kind not in "OSU"
+        if not bad:
+            try:                    # TF's conversion checks each object (in C)
+                keys = tf.constant(arr, tf.string)
+            except (TypeError, ValueError):
+                bad = True
+        if bad:
             raise DtypeError(f"{name} must hold strings (bytes or str) for a string-key table, "
                              f"got {arr.dtype if arr.dtype.kind != 'O' else 'other objects'}")
-        keys = tf.constant(arr, tf.string)
     if keys.dtype != tf.string:
         raise DtypeError(f"{name} must be a tf.string tensor for a string-key table, got "
                          f"{keys.dtype.name}")
