@@ -99,6 +99,9 @@ def parse_args(argv=None):
     ap.add_argument("--no-limit", action="store_true",
                     help="skip the physical-limit row (an embedding that costs nothing)")
     ap.add_argument("--no-breakdown", action="store_true", help="skip the breakdown run")
+    ap.add_argument("--unfused", action="store_true",
+                    help="add the default layer with the gradient summed by a separate op "
+                         "before the update (tf_bridge.optimizer.FUSED = False): same-run A/B")
     ap.add_argument("--rowwise", action="store_true",
                     help="tf.data: slices of rows + .batch(16384) instead of whole batches")
     ap.add_argument("--no-bfc", dest="bfc", action="store_false",
@@ -238,6 +241,9 @@ class Runner:
         a, b = self.next, self.next + steps
         self.next = b
         clock = clock_callback()
+        if self.kind in ("numbaemb", "sized", "unfused"):    # read when the step is traced
+            import tf_bridge.optimizer as top
+            top.FUSED = self.kind != "unfused"
         self.model.fit(dataset(self.x[a:b], self.y[a:b], self.args.rowwise), epochs=1,
                        steps_per_epoch=steps, verbose=0, callbacks=[clock], shuffle=False)
         if record:
@@ -313,12 +319,14 @@ def patch_for_breakdown(timers):
     w(ne_opt, "segment_sum", "apply: unique + segment-sum (skipped if keys distinct)")
     w(cpu_table, "find_or_insert_rows", "apply: find_or_insert (probe, insert)")
     w(cpu_table, "init_rows", "apply: initial rows of new ids (other columns, draws)")
-    w(jk, "adam_rows", "apply: Adam row update (new rows started in the same pass)")
+    w(jk, "adam_rows", "apply: Adam row update (new rows started and, fused, gradient rows "
+                       "summed in the same pass)")
+    w(ne_opt, "group_positions", "apply: positions grouped by id (fused path)")
     # the python function inside each tf.numpy_function (to get the hand-off)
     for mod in (lk, tv, op):
         orig = mod.numpy_call
 
-        def numpy_call(fn, inputs, tout, name=None, _orig=orig):
+        def numpy_call(fn, inputs, tout, name=None, _orig=orig, **kw):
             label = f"py:{name or 'numpy_call'}"
 
             def inner(*a):
@@ -328,7 +336,7 @@ def patch_for_breakdown(timers):
                 finally:
                     timers.total[label] += time.perf_counter() - t
                     timers.calls[label] += 1
-            return _orig(inner, inputs, tout, name=name)
+            return _orig(inner, inputs, tout, name=name, **kw)
 
         timers.patched.append((mod, "numpy_call", orig))
         mod.numpy_call = numpy_call
@@ -393,8 +401,8 @@ def breakdown_rows(mine, ops, fn_ms, step_ms):
     def op_ms(pred):
         return sum(v for k, v in ops.items() if pred(k))
 
-    pyfunc = {k: v for k, v in ops.items() if k.endswith(":PyFunc") or
-              k.endswith(":EagerPyFunc")}
+    pyfunc = {k: v for k, v in ops.items()
+              if k.endswith((":PyFunc", ":PyFuncStateless", ":EagerPyFunc"))}
     for label in ("forward: unique (Numba)",
                   "forward: table lookup (probe + initial rows of absent ids)",
                   "forward: spread rows to positions (Numba)"):
@@ -404,7 +412,9 @@ def breakdown_rows(mine, ops, fn_ms, step_ms):
     apply_labels = ("apply: unique + segment-sum (skipped if keys distinct)",
                     "apply: find_or_insert (probe, insert)",
                     "apply: initial rows of new ids (other columns, draws)",
-                    "apply: Adam row update (new rows started in the same pass)")
+                    "apply: positions grouped by id (fused path)",
+                    "apply: Adam row update (new rows started and, fused, gradient rows "
+                    "summed in the same pass)")
     for label in apply_labels:
         add(label, mine.get(label, 0.0))
     apply_py = sum(v for k, v in mine.items() if k.startswith("py:") and k.endswith("_apply"))
@@ -476,7 +486,8 @@ def main(argv=None):
     from tf_bridge import dlpack
 
     load_before = " / ".join(f"{v:.2f}" for v in os.getloadavg())
-    kinds = ["numbaemb"] + ([] if args.no_sized else ["sized"])
+    kinds = ["numbaemb"] + (["unfused"] if args.unfused else []) + (
+        [] if args.no_sized else ["sized"])
     if not args.no_stock:
         kinds.append("stock")
     if not args.no_limit:
@@ -522,6 +533,8 @@ def main(argv=None):
 
     names = {"numbaemb":
              "numbaemb: de.keras.layers.Embedding(64) + DynamicEmbeddingOptimizer(Adam)",
+             "unfused": "numbaemb, the same layer with the gradient summed by its own op "
+                        "before the update (FUSED = False; the code before issue 18)",
              "sized": "numbaemb, the same layer with init_size=1_000_000 (memory faulted in "
                       "at creation, as the stock layer's)",
              "stock": "stock: keras.layers.Embedding(1_000_000, 64) + Adam",

@@ -21,6 +21,7 @@ import os
 import numpy as np
 
 from . import initializers as _inits
+from . import optimizers as _opt
 from . import probing as _probing
 from .halfs import load, store
 from .slots import EMPTY, is_full
@@ -400,5 +401,82 @@ def build(threads):
             if flag:
                 out[at + pre] = v
             at += tot
+
+    # ---- optimizer steps: a batch's gradient rows summed per id and applied ----------------
+    # One tile of lanes per distinct id: each lane sums its columns (lane, lane + tile, ...)
+    # of the id's positions' gradient rows, in batch order from zero (segment_sum's bits),
+    # then runs the CPU's own row body (jit_kernels.optimizers) on those columns: the bodies
+    # are element-wise, so a strided view of the row is a row to them.
+    sgd_row, adagrad_row = _body(_opt.sgd_row), _body(_opt.adagrad_row)
+    adam_row, ftrl_row = _body(_opt.adam_row), _body(_opt.ftrl_row)
+    rmsprop_row = _body(_opt.rmsprop_row)
+
+    @jit(device=True)
+    def group_sum(grads, order, lo, hi, acc, lane, lanes):
+        for c in range(lane, acc.shape[0], lanes):
+            acc[c] = 0
+            for p in range(lo, hi):
+                acc[c] += grads[order[p], c]
+
+    # uniform adapters: (weights, slots a b c, gradient, hyper-parameters h, flag)
+    @jit(device=True)
+    def sgd(w, a, b, c, g, h, flag):
+        sgd_row(w, a, g, h[0], h[1], flag)
+
+    @jit(device=True)
+    def adagrad(w, a, b, c, g, h, flag):
+        adagrad_row(w, a, g, h[0], h[1])
+
+    @jit(device=True)
+    def adam(w, a, b, c, g, h, flag):
+        adam_row(w, a, b, c, g, h[0], h[1], h[2], h[3], flag)
+
+    @jit(device=True)
+    def ftrl(w, a, b, c, g, h, flag):
+        ftrl_row(w, a, b, g, h[0], h[1], h[2], h[3], h[4], h[5])
+
+    @jit(device=True)
+    def rmsprop(w, a, b, c, g, h, flag):
+        rmsprop_row(w, a, b, c, g, h[0], h[1], h[2], h[3], flag)
+
+    @jit(device=True)
+    def row_view(col, spill, split, r, lane, lanes):
+        """This lane's columns of row ``r`` of a column split at ``split``."""
+        return col[r, lane::lanes] if r < split else spill[r - split, lane::lanes]
+
+    def update_kernel(rule):
+        def update(w, ws, wn, a, as_, an, b, bs, bn, c, cs, cn, rows, grads, order, starts,
+                   acc, h, flag, log_t):
+            """Row ``rows[i]`` updated by group ``i``'s summed rows (``starts`` empty: by
+            ``grads[i]``); each column given as (head, tail, split), see SplitRows."""
+            tid = cuda.grid(1)
+            lanes = 1 << log_t
+            lane = tid & (lanes - 1)
+            for i in range(tid >> log_t, rows.shape[0], cuda.gridsize(1) >> log_t):
+                if starts.shape[0] == 0:
+                    g = grads[i, lane::lanes]
+                else:
+                    group_sum(grads, order, starts[i], starts[i + 1], acc[i], lane, lanes)
+                    g = acc[i, lane::lanes]
+                r = rows[i]
+                rule(row_view(w, ws, wn, r, lane, lanes), row_view(a, as_, an, r, lane, lanes),
+                     row_view(b, bs, bn, r, lane, lanes), row_view(c, cs, cn, r, lane, lanes),
+                     g, h, flag)
+        return jit(update)
+
+    for name, rule in (("sgd", sgd), ("adagrad", adagrad), ("adam", adam), ("ftrl", ftrl),
+                       ("rmsprop", rmsprop)):
+        kernels[name + "_groups"] = update_kernel(rule)
+
+    @kernel
+    def group_counts(ids, counts):
+        for i in range(cuda.grid(1), ids.shape[0], cuda.gridsize(1)):
+            cuda.atomic.add(counts, ids[i], 1)
+
+    @kernel
+    def group_heads(keys, order, starts, out):
+        """out[g] = the key of group g (its first position's)."""
+        for g in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+            out[g] = keys[order[starts[g]]]
 
     return type("Kernels", (), kernels)

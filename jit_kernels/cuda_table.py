@@ -393,10 +393,58 @@ def group_keys(keys, scratch=None):
     order.  Groups come in no particular key order (the CPU sorts by key; only
     the grouping and the order inside a group matter to ``accum_groups``).
     """
+    scratch = scratch or Scratch()
+    ids, counts, g = number_keys(keys, scratch)
+    return _group(ids, counts, g, scratch)
+
+
+def group_positions(inverse, n_groups, scratch=None):
+    """``(order, starts)`` of positions grouped by ``inverse`` (n,) int64 in
+    ``[0, n_groups)``: group ``g`` is ``order[starts[g]:starts[g + 1]]``, in batch
+    order (:func:`jit_kernels.segment.group_positions` on the device)."""
     K = _kernels()
     scratch = scratch or Scratch()
-    n = keys.shape[0]
-    ids, counts, g = number_keys(keys, scratch)
+    n = inverse.shape[0]
+    counts = scratch.array("counts", max(n, n_groups) + 1, np.int64)
+    _go(K.fill, counts.shape[0], counts, np.int64(0))
+    _go(K.group_counts, n, inverse, counts)
+    return _group(inverse, counts, n_groups, scratch)
+
+
+def group_heads(keys, order, starts, out):
+    """``out[g]`` = the key of group ``g`` of :func:`group_keys` (its distinct keys)."""
+    _go(_kernels().group_heads, out.shape[0], keys, order, starts, out)
+    return out
+
+
+def update_rows(rule, columns, rows, grads, order, starts, hyper, flag, scratch=None):
+    """One optimizer step on rows ``rows`` (u,) of ``columns`` ``[values, slot a, b, c]``
+    (device arrays or SplitRows; a slot the rule lacks: pass ``values``), the CPU's
+    ``{rule}_row`` body per row (:mod:`jit_kernels.optimizers`).  Row ``i``'s gradient
+    is ``grads[i]`` when ``order`` is None, else the sum of the rows
+    ``grads[order[starts[i]:starts[i + 1]]]`` (a backward pass's output gradient, one row
+    per position) added from zero in that order, in the same kernel.  ``hyper``: the
+    body's scalar arguments after the gradient (up to six), ``flag`` its bool option."""
+    K = _kernels()
+    scratch = scratch or Scratch()
+    u, dim = rows.shape[0], grads.shape[1]
+    if not u:
+        return
+    args = [a for col in columns for a in _split(col)]
+    if order is None:
+        order = starts = scratch.array("no_groups", 0, np.int64)
+        acc = grads[:1]
+    else:
+        acc = scratch.array("grad_sums", u * dim, grads.dtype).reshape(u, dim)
+    hyper = tuple(float(x) for x in hyper) + (0.0,) * (6 - len(hyper))
+    _rows(getattr(K, rule + "_groups"), u, dim, *args, rows, grads, order, starts, acc, hyper,
+          bool(flag))
+
+
+def _group(ids, counts, g, scratch):
+    """``(order, starts)`` from dense group ids and their counts (``counts[:g]``)."""
+    K = _kernels()
+    n = ids.shape[0]
     starts = counts[:g + 1]
     exclusive_scan(starts)
     cursor = scratch.array("cursor", max(g, 1), np.int64)

@@ -156,6 +156,18 @@ def as_values(values, key_shape, dim, dtype, name="values") -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=dtype).reshape(-1, dim)
 
 
+def as_inverse(inverse, n_ids, name="inverse") -> np.ndarray:
+    """``inverse`` (any shape) of ints in ``[0, n_ids)``: positions -> index of their id.
+    Returns it as C-contiguous int64 of the same shape."""
+    arr = np.asarray(inverse)
+    if arr.dtype.kind not in "iu":
+        raise DtypeError(f"{name} must hold integers (indices into ids), got dtype {arr.dtype}")
+    if arr.size and (arr.min() < 0 or arr.max() >= n_ids):
+        raise ValueError(f"{name} must hold indices in [0, {n_ids}) (one per position, into "
+                         f"the {n_ids} ids), got values in [{arr.min()}, {arr.max()}]")
+    return np.ascontiguousarray(arr, np.int64)
+
+
 def as_exists(exists, key_shape, name="exists") -> np.ndarray:
     arr = np.asarray(exists)
     if arr.dtype != np.bool_:

@@ -23,7 +23,7 @@ import numba
 import numpy as np
 
 from jit_kernels import optimizers as _k
-from jit_kernels.segment import segment_sum, unique_inverse
+from jit_kernels.segment import group_positions, segment_sum, unique_inverse
 
 from . import _checks
 from .admission import admitted
@@ -71,9 +71,18 @@ class Optimizer:
         """Name of the shard column holding ``slot``, e.g. ``"Adam/m"``."""
         return f"{type(self).__name__}/{slot}"
 
-    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None):
+    def _rule(self, lr, step, dtype):
+        """``(body, [slot a, b, c], hyper-parameters, flag)`` of the per-row body
+        ``jit_kernels.optimizers.{body}_row`` for a GPU step: the slot names it takes
+        (None: a slot this configuration does not use), its scalars after the gradient
+        and its bool option, at learning rate ``lr`` and 1-based ``step``."""
+        raise NotImplementedError
+
+    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None, groups=None):
         """Update ``values[rows[i]]`` and its slot rows by ``grads[i]``; rows with
-        ``fresh[i]`` start from weights ``w0[i]`` and initial slots in the same pass."""
+        ``fresh[i]`` start from weights ``w0[i]`` and initial slots in the same pass.
+        ``groups=(order, starts)``: ``grads`` per position, summed per row in the pass
+        (:mod:`jit_kernels.optimizers`)."""
         raise NotImplementedError
 
 
@@ -95,9 +104,13 @@ class SGD(Optimizer):
     def slots(self):
         return (("momentum", 0.0),) if self.momentum != 0 else ()
 
-    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None):
+    def _rule(self, lr, step, dtype):
+        return ("sgd", ["momentum" if self.momentum != 0 else None, None, None],
+                (lr, self.momentum), self.nesterov)
+
+    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None, groups=None):
         _k.sgd_rows(values, cols.get("momentum", values), rows, grads, lr, self.momentum,
-                    self.nesterov, fresh=fresh, w0=w0)
+                    self.nesterov, fresh=fresh, w0=w0, groups=groups)
 
 
 @dataclass(frozen=True)
@@ -112,9 +125,12 @@ class Adagrad(Optimizer):
     def slots(self):
         return (("accumulator", self.initial_accumulator_value),)
 
-    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None):
+    def _rule(self, lr, step, dtype):
+        return "adagrad", ["accumulator", None, None], (lr, self.epsilon), False
+
+    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None, groups=None):
         _k.adagrad_rows(values, cols["accumulator"], rows, grads, lr, self.epsilon,
-                        fresh=fresh, w0=w0, s0=(self.initial_accumulator_value,))
+                        fresh=fresh, w0=w0, groups=groups, s0=(self.initial_accumulator_value,))
 
 
 @dataclass(frozen=True)
@@ -139,10 +155,15 @@ class Adam(Optimizer):
         return float(t(lr) * np.sqrt(t(1) - t(self.beta_2) ** t(step))
                      / (t(1) - t(self.beta_1) ** t(step)))
 
-    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None):
+    def _rule(self, lr, step, dtype):
+        return ("adam", ["m", "v", "vhat" if self.amsgrad else None],
+                (self.step_size(lr, step, dtype), self.beta_1, self.beta_2, self.epsilon),
+                self.amsgrad)
+
+    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None, groups=None):
         alpha = self.step_size(lr, step, _checks.storage_compute_dtype(values.dtype))
         _k.adam_rows(values, cols["m"], cols["v"], cols.get("vhat", values), rows, grads, alpha,
-                     self.beta_1, self.beta_2, self.epsilon, self.amsgrad, fresh=fresh, w0=w0)
+                     self.beta_1, self.beta_2, self.epsilon, self.amsgrad, fresh=fresh, w0=w0, groups=groups)
 
 
 @dataclass(frozen=True)
@@ -165,12 +186,18 @@ class Ftrl(Optimizer):
     def slots(self):
         return (("accumulator", self.initial_accumulator_value), ("linear", 0.0))
 
-    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None):
+    def _rule(self, lr, step, dtype):
+        return ("ftrl", ["accumulator", "linear", None],
+                (lr, self.learning_rate_power, self.l1_regularization_strength,
+                 self.l2_regularization_strength, self.l2_shrinkage_regularization_strength,
+                 self.beta), False)
+
+    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None, groups=None):
         _k.ftrl_rows(values, cols["accumulator"], cols["linear"], rows, grads, lr,
                      self.learning_rate_power, self.l1_regularization_strength,
                      self.l2_regularization_strength,
                      self.l2_shrinkage_regularization_strength, self.beta,
-                     fresh=fresh, w0=w0, s0=(self.initial_accumulator_value, 0.0))
+                     fresh=fresh, w0=w0, groups=groups, s0=(self.initial_accumulator_value, 0.0))
 
 
 @dataclass(frozen=True)
@@ -189,10 +216,15 @@ class RMSprop(Optimizer):
         return ((("velocity", 0.0),) + ((("momentum", 0.0),) if self.momentum > 0 else ())
                 + ((("average_gradient", 0.0),) if self.centered else ()))
 
-    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None):
+    def _rule(self, lr, step, dtype):
+        return ("rmsprop", ["velocity", "momentum" if self.momentum > 0 else None,
+                            "average_gradient" if self.centered else None],
+                (lr, self.rho, self.momentum, self.epsilon), self.centered)
+
+    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None, groups=None):
         _k.rmsprop_rows(values, cols["velocity"], cols.get("momentum", values),
                         cols.get("average_gradient", values), rows, grads, lr, self.rho,
-                        self.momentum, self.epsilon, self.centered, fresh=fresh, w0=w0)
+                        self.momentum, self.epsilon, self.centered, fresh=fresh, w0=w0, groups=groups)
 
 
 def _check(variable, optimizer):
@@ -229,7 +261,7 @@ def _slot_init(value, dim):
 
 
 def apply_gradients(variable, optimizer, ids, grads, *, step, learning_rate=None,
-                    assume_unique=False, delta=False, initial_rows=None):
+                    assume_unique=False, delta=False, initial_rows=None, inverse=None):
     """One sparse training step on ``variable``.
 
     Gradients of repeated ids are summed (in batch order); absent ids are
@@ -262,6 +294,14 @@ def apply_gradients(variable, optimizer, ids, grads, *, step, learning_rate=None
         its slots start from their initial values as usual.  Used only with
         ``assume_unique`` and without ``delta``.  Ignored by a distributed variable,
         whose owners draw the initial values (the same ones) themselves.
+      inverse: optional (n,) int array: ``ids`` (u,) are distinct and ``grads`` is
+        (n, dim), one row per position of a batch whose position ``i`` looked up
+        ``ids[inverse[i]]`` (a backward pass's output gradient, with the forward's
+        ``unique_inverse``).  The rows are summed per id, in position order, in the
+        update's own pass (no array of sums is written): the same result as
+        ``apply_gradients(ids, segment_sum(grads, inverse, u), assume_unique=True)``,
+        bit for bit (rows are cast to the table's compute dtype first, as ``grads``
+        always are).  An id without a position gets a zero gradient.
     Raises:
       TypeError / ValueError naming the bad argument; nothing is applied then.
     """
@@ -272,13 +312,28 @@ def apply_gradients(variable, optimizer, ids, grads, *, step, learning_rate=None
                                   delta)
         return
     _check(variable, optimizer)
-    if getattr(variable, "device", "cpu") != "cpu":
-        raise NotImplementedError(f"apply_gradients runs on CPU variables only so far; "
-                                  f"variable is on {variable.device}")
     step, lr = _step_and_rate(optimizer, step, learning_rate)
+    if getattr(variable, "device", "cpu") != "cpu":
+        from ._device_step import apply_on_device
+        apply_on_device(variable, optimizer, ids, grads, step, lr, assume_unique, delta,
+                        inverse)
+        return
     keys = variable._host_keys(ids, insert=True, name="ids")
-    g = _checks.as_values(grads, keys.shape, variable.dim,
-                          _checks.compute_dtype(variable.value_dtype), "grads")
+    groups = None
+    if inverse is not None:                  # per-position rows: summed in the update pass
+        inverse = _checks.as_inverse(inverse, keys.size, "inverse")
+        g = _checks.as_values(grads, inverse.shape, variable.dim,
+                              _checks.compute_dtype(variable.value_dtype), "grads")
+        g = np.ascontiguousarray(g.reshape(-1, variable.dim))
+        keys = keys.reshape(-1)
+        assume_unique = True
+        if _fusable(variable, delta):
+            groups = group_positions(inverse, keys.shape[0])
+        else:                                # sums first, then the usual path
+            g = segment_sum(g, inverse, keys.shape[0], numba.get_num_threads())
+    else:
+        g = _checks.as_values(grads, keys.shape, variable.dim,
+                              _checks.compute_dtype(variable.value_dtype), "grads")
     if initial_rows is not None and assume_unique and not delta:
         init_vals, init_ok = initial_rows
         init_vals = variable._values(init_vals, keys.shape, "initial_rows[0]")   # as stored
@@ -324,8 +379,16 @@ def apply_gradients(variable, optimizer, ids, grads, *, step, learning_rate=None
                 fresh, w0 = (None, None) if fresh is None else (fresh[ok], w0[ok])
             cols = {name: shard.columns[optimizer.column(name)].data
                     for name, _ in optimizer.slots()}
-            optimizer._update(shard.values, cols, rows, g, lr, step, fresh, w0)
+            optimizer._update(shard.values, cols, rows, g, lr, step, fresh, w0, groups)
             mark_updated(shard, rows, step)         # (steps_to_live tables)
+
+
+def _fusable(variable, delta):
+    """Whether per-position gradients can be summed in the update pass itself: one
+    shard updated in place, no admission filter or bound (which drop ids, and so
+    their positions' rows) and no delta step (which works on sums)."""
+    return (not delta and variable.num_shards == 1 and variable.admit is None
+            and variable.max_capacity is None)
 
 
 def _add_slot_columns(variable, optimizer):

@@ -121,7 +121,7 @@ def from_tf(tensor) -> np.ndarray:
 _LAST_COLLECTIVE = weakref.WeakKeyDictionary()
 
 
-def numpy_call(fn, inputs, tout, name=None, collective=False):
+def numpy_call(fn, inputs, tout, name=None, collective=False, stateful=True):
     """``fn(*arrays) -> tuple of arrays`` applied to tensors; returns a list of tensors.
 
     Eager: inputs are numpy views (``from_tf``), outputs go out through ``to_tf``.
@@ -134,6 +134,9 @@ def numpy_call(fn, inputs, tout, name=None, collective=False):
     created in the same graph: TensorFlow then runs them one at a time, in program
     order, whatever it runs concurrently around them.  Eagerly, calls run in
     program order anyway.  (With no outputs the op itself is returned.)
+
+    ``stateful=False``: ``fn`` is a pure function of its inputs, so a graph may skip
+    the op when nothing uses its outputs (a ``tf.function`` prunes it).
     """
     if tf.executing_eagerly():
         outs = fn(*[from_tf(x) for x in inputs])
@@ -143,7 +146,7 @@ def numpy_call(fn, inputs, tout, name=None, collective=False):
         return [aligned(o) for o in fn(*arrays)]
 
     if not collective:
-        return tf.numpy_function(run, list(inputs), list(tout), stateful=True, name=name)
+        return tf.numpy_function(run, list(inputs), list(tout), stateful=stateful, name=name)
     graph = tf.compat.v1.get_default_graph()
     last = _LAST_COLLECTIVE.get(graph)
     with tf.control_dependencies([last] if last is not None else []):

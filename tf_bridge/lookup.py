@@ -39,7 +39,8 @@ from .dlpack import from_tf, numpy_call, to_tf
 from .variable import _SERVING, Variable
 
 __all__ = ["embedding_lookup", "embedding_lookup_unique", "embedding_lookup_sparse",
-           "safe_embedding_lookup_sparse", "unique_lookup", "sum_by_key", "is_distinct"]
+           "safe_embedding_lookup_sparse", "unique_lookup", "sum_by_key", "is_distinct",
+           "positions_of"]
 
 COMBINERS = ("sum", "mean", "sqrtn")
 # each variable's per-step outputs handed to TensorFlow (embeddings, gradient sums) come from
@@ -268,15 +269,30 @@ def take_fresh(params, keys):
     return rows, valid
 
 
+def _tag(tensor, attr, value):
+    """Set a Python attribute on a graph tensor (eager tensors take none: no tag)."""
+    try:
+        setattr(tensor, attr, value)
+    except AttributeError:
+        pass
+    return tensor
+
+
 def _mark_distinct(keys):
     """Tag ``keys`` (a tensor) as holding no key twice: an optimizer wrapper may then skip
     its own unique pass (``tf_bridge.optimizer``).  A tensor derived from it (a concat of
     several gradients by the tape, say) is a new object and carries no tag."""
-    try:
-        keys._de_distinct = True
-    except AttributeError:
-        pass
-    return keys
+    return _tag(keys, "_de_distinct", True)
+
+
+def positions_of(sums):
+    """``(inverse (n,), rows (n, dim))`` behind the gradient sums ``sums`` (the values
+    of a training lookup's gradient, in a graph): its output gradient per position and
+    each position's index into the distinct ids; None for any other tensor.  An
+    optimizer may then sum the rows in its own update pass instead
+    (``numbaemb.optimizers.apply_gradients(inverse=...)``) and the graph prunes the
+    op that computes ``sums``."""
+    return getattr(sums, "_de_positions", None)
 
 
 def is_distinct(keys) -> bool:
@@ -314,8 +330,11 @@ def _segment_sums(params, keys, inverse, values, every):
         return segment_sum_into(np.ascontiguousarray(vals), inv, out, numba.get_num_threads())
 
     if every:
+        # pure, so a graph whose optimizer sums the rows itself prunes it (see positions_of)
         sums, = numpy_call(lambda k, inv, vals: (sums_of(k, inv, vals),),
-                           [keys, inverse, values], [values.dtype], name="sum_by_key")
+                           [keys, inverse, values], [values.dtype], name="sum_by_key",
+                           stateful=False)
+        _tag(sums, "_de_positions", (inverse, values))
         keys_out = tf.identity(keys)     # graph: a node of the gradient graph, not a capture
     else:
         def run(k, inv, vals):

@@ -50,7 +50,7 @@ import tensorflow as tf
 from numbaemb import optimizers as ne_opt
 
 from .dlpack import from_tf, numpy_call
-from .lookup import is_distinct, take_fresh
+from .lookup import is_distinct, positions_of, take_fresh
 from .variable import owner_of
 
 __all__ = ["DynamicEmbeddingOptimizer", "translate", "drop_stale_slots"]
@@ -251,7 +251,10 @@ class DynamicEmbeddingOptimizer(keras.optimizers.Optimizer):
 
     # ---- dynamic variables --------------------------------------------------------------
     def _apply_dynamic(self, var, grads, step, lr):
-        apply_dynamic(var, grads, step, lr, self._rule, self._bp_v2, self._prepare)
+        inner = self._inner
+        changes = (inner.loss_scale_factor is not None or inner.clipnorm or inner.clipvalue)
+        apply_dynamic(var, grads, step, lr, self._rule, self._bp_v2,
+                      self._prepare if changes else None)
 
     def _prepare(self, values):
         """Loss-scale and clipping of the wrapped optimizer, on summed per-id rows."""
@@ -286,11 +289,20 @@ class DynamicEmbeddingOptimizer(keras.optimizers.Optimizer):
 
 
 # ---- one step of one dynamic variable (the Keras and the TF1 wrapper) ------------------------
+# Sum a training lookup's output gradient per id inside the optimizer's update pass (one op,
+# no (u, dim) array of sums; see _fused_step).  False: the separate sum op, as before (the
+# same results bit for bit; for A/B measurements).  Read when a step is traced.
+FUSED = True
+
 def apply_dynamic(var, grads, step, lr, rule, bp_v2=None, prepare=None):
     """Apply ``grads`` (the ``tf.IndexedSlices`` of ``var``'s lookups) with numbaemb
     optimizer ``rule`` at ``step`` (int64 tensor) and learning rate ``lr`` (float64
     tensor): one ``numpy_call`` (collective for a split table).  ``prepare``: what to do
     to the gradient rows first (loss scale, clipping).  Returns the call's result."""
+    bp_v2 = var.bp_v2 if bp_v2 is None else bp_v2
+    fused = _fused_step(var, grads, step, lr, rule, bp_v2, prepare)
+    if fused is not None:
+        return fused
     keys, values = [], []
     for g in grads:
         if not isinstance(g, tf.IndexedSlices):
@@ -307,7 +319,6 @@ def apply_dynamic(var, grads, step, lr, rule, bp_v2=None, prepare=None):
     values = values[0] if len(values) == 1 else tf.concat(values, 0)
     if prepare is not None:
         values = prepare(values)
-    bp_v2 = var.bp_v2 if bp_v2 is None else bp_v2
 
     def run(k, g, s, r):
         _step(var, rule, k, g, int(s), float(r), bp_v2, distinct)
@@ -317,12 +328,35 @@ def apply_dynamic(var, grads, step, lr, rule, bp_v2=None, prepare=None):
                       collective=var.distributed)
 
 
+def _fused_step(var, grads, step, lr, rule, bp_v2, prepare):
+    """The step of one training lookup's gradient with its output gradient rows summed
+    per id in the update pass (:func:`tf_bridge.lookup.positions_of`): one op that
+    reads the ``(n, dim)`` rows, so the op that summed them is pruned.  None when the
+    gradient is not that (several lookups, eager tensors) or the rows must be summed
+    first (clipping, loss scale, bp_v2, a table split across processes)."""
+    if not FUSED or len(grads) != 1 or prepare is not None or bp_v2 or var.distributed:
+        return None
+    g = grads[0]
+    if not isinstance(g, tf.IndexedSlices) or not is_distinct(g.indices):
+        return None
+    parts = positions_of(g.values)
+    if parts is None:
+        return None
+    inverse, rows = parts
+
+    def run(k, inv, r, s, lr_):
+        _step(var, rule, k, r, int(s), float(lr_), False, True, inverse=inv)
+        return ()
+
+    return numpy_call(run, [g.indices, inverse, rows, step, lr], [], name=f"{var.name}_apply")
+
+
 # ---- numpy side: one call per dynamic variable per step -------------------------------------
-def _step(var, rule, keys, grads, step, lr, bp_v2, distinct=False):
+def _step(var, rule, keys, grads, step, lr, bp_v2, distinct=False, inverse=None):
     var.insert_initial_values(keys)          # callable initializers: rows the loss saw
     fresh = take_fresh(var, keys) if distinct and not bp_v2 else None
     ne_opt.apply_gradients(var.table, rule, keys, grads, step=step, learning_rate=lr,
-                           assume_unique=distinct, delta=bp_v2,
+                           assume_unique=distinct, delta=bp_v2, inverse=inverse,
                            initial_rows=fresh)   # initial rows the lookup drew: not redrawn
     if var.restrict_policy is not None:
         var.restrict_policy.update(keys)

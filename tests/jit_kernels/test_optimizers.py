@@ -184,3 +184,44 @@ def test_ftrl_l1_zeroes_small_linear_terms():
     w, acc, lin = np.array([0.0, 0.0]), np.full(2, 0.1), np.zeros(2)
     k.ftrl_row(w, acc, lin, np.array([0.01, 5.0]), 0.1, -0.5, 1.0, 0.0, 0.0, 0.0)
     assert w[0] == 0.0 and w[1] != 0.0 and lin.tolist() == [0.01, 5.0]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("parallel_min", [0, 1 << 40], ids=["parallel", "serial"])
+def test_groups_sum_positions_in_the_pass_with_segment_sums_bits(monkeypatch, name, dtype,
+                                                                  parallel_min):
+    """``groups=(order, starts)``: per-position gradient rows summed per row inside the
+    update, bit for bit the update of ``segment_sum``'s sums (new rows started too)."""
+    from jit_kernels import segment
+    monkeypatch.setattr(segment, "PARALLEL_MIN", parallel_min)
+    oracle, slots, driver, h = CASES[name]
+    rng = np.random.default_rng(2)
+    cap, d, u = 300, 7, 150                   # more rows than a chunk: several chunks
+    rows = rng.permutation(cap)[:u].astype(np.int64)
+    inverse = np.concatenate([np.arange(u), rng.integers(0, u, 400) % (u // 3)])
+    inverse = rng.permutation(inverse).astype(np.int64)       # every row has a position
+    g = (rng.standard_normal((inverse.shape[0], d)) * 10.0 ** rng.integers(
+        -3, 4, (inverse.shape[0], 1))).astype(dtype)          # sums that depend on the order
+    fresh = rng.random(u) < 0.3
+    w0 = rng.standard_normal((u, d)).astype(dtype)
+    start = dict(fresh=fresh, w0=w0, s0=tuple(slots.values()))
+    values = rng.standard_normal((cap, d)).astype(dtype)
+    s = {n: np.full((cap, d), init + 0.5, dtype) for n, init in slots.items()}
+    want_v, want_s = values.copy(), {n: a.copy() for n, a in s.items()}
+    sums = segment.segment_sum(g, inverse, u, 1)
+    driver(want_v, want_s, rows, sums, 0.05, 2, start=start, **h)
+    order, starts = segment.group_positions(inverse, u)
+    driver(values, s, rows, g, 0.05, 2, start=dict(start, groups=(order, starts)), **h)
+    np.testing.assert_array_equal(values, want_v)
+    for n in slots:
+        np.testing.assert_array_equal(s[n], want_s[n])
+
+
+def test_groups_must_have_one_start_per_row_plus_one():
+    v, m, vv = np.zeros((4, 2)), np.zeros((4, 2)), np.zeros((4, 2))
+    groups = (np.array([0, 1], np.int64), np.array([0, 1], np.int64))
+    with pytest.raises(ValueError, match="starts must have 3 entries"):
+        k.adam_rows(v, m, vv, v, np.array([0, 1]), np.ones((2, 2)), 0.1, 0.9, 0.999, 1e-7,
+                    False, groups=groups)
+    np.testing.assert_array_equal(v, 0)

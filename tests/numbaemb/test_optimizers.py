@@ -134,10 +134,14 @@ def test_bad_partitioner_applies_nothing():
     assert all(list(s.columns) == ["values"] for s in v.shards)
 
 
-def test_device_variables_are_refused_for_now():
+def test_device_bp_v2_and_sharded_device_steps_are_refused_for_now():
     v = ne.Variable(2)
     v.device = "cuda:0"                          # stand-in: no GPU needed to check the guard
-    with pytest.raises(NotImplementedError, match="cuda"):
+    with pytest.raises(NotImplementedError, match="bp_v2"):
+        apply_gradients(v, SGD(), np.array([1]), np.ones((1, 2)), step=1, delta=True)
+    v = ne.Variable(2, num_shards=2)
+    v.device = "cuda:0"
+    with pytest.raises(NotImplementedError, match="num_shards=2"):
         apply_gradients(v, SGD(), np.array([1]), np.ones((1, 2)), step=1)
     assert v.size() == 0
 
@@ -248,3 +252,52 @@ def test_delta_adds_the_change_to_rows_written_meanwhile():
     np.testing.assert_array_equal(v.lookup(np.array([1, 2])), [[9.5, 9.5], [0.5, 0.5]])
     np.testing.assert_array_equal(slot_values(v, SGD(0.5, momentum=0.5), "momentum",
                                               np.array([1, 2])), [[-0.5, -0.5]] * 2)
+
+
+@pytest.mark.parametrize("table", [
+    dict(), dict(num_shards=2), dict(value_dtype="float16"), dict(max_capacity=1000),
+    dict(admit="counter"), dict(delta=True)])
+@pytest.mark.parametrize("name", ["adam", "ftrl_reg", "sgd_momentum"])
+def test_inverse_sums_positions_in_the_update_like_segment_sum(name, table):
+    """``inverse=``: per-position rows summed in the update pass (one shard) or first
+    (the other tables) give the bits of ``segment_sum`` + ``assume_unique``."""
+    from jit_kernels.segment import segment_sum, unique_inverse
+    table = dict(table)
+    delta = table.pop("delta", False)
+    admit = table.pop("admit", None)
+
+    def fresh_table():
+        return ne.Variable(4, initializer=ne.initializers.RandomNormal(seed=5), admit=(
+            ne.admission.CounterFilter(2) if admit else None), **table)
+
+    rng = np.random.default_rng(3)
+    a, b = fresh_table(), fresh_table()
+    for step in range(1, 4):
+        ids, g = _batch(rng, 40, 4)
+        g = (g * 10.0 ** rng.integers(-3, 4, ids.shape + (1,))).astype(np.float32)  # sums
+        # then depend on the order of the additions
+        uniq, inverse = unique_inverse(ids.reshape(-1))
+        sums = segment_sum(g.reshape(-1, 4), inverse, uniq.shape[0], 1)
+        apply_gradients(a, _ours(name), uniq, sums, step=step, assume_unique=True, delta=delta)
+        apply_gradients(b, _ours(name), uniq, g.reshape(-1, 4), step=step, inverse=inverse,
+                        delta=delta)
+    keys = np.unique(ids)
+    assert a.size() == b.size() > 0
+    for x, y in zip(_state(a, name, keys), _state(b, name, keys)):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_inverse_with_initial_rows_and_bad_inverse_applies_nothing():
+    v = ne.Variable(2)
+    ids, g = np.array([5, 7]), np.ones((3, 2), np.float32)
+    for inverse, exc, word in [(np.array([0, 2, 1]), ValueError, r"\[0, 2\)"),
+                               (np.array([0, -1, 1]), ValueError, "inverse"),
+                               (np.array([0.0, 1.0, 1.0]), TypeError, "inverse"),
+                               (np.array([0, 1]), ValueError, "grads")]:
+        with pytest.raises(exc, match=word):
+            apply_gradients(v, Adam(), ids, g, step=1, inverse=inverse)
+        assert v.size() == 0 and list(v.shards[0].columns) == ["values"]
+    init = (np.array([[3.0, 3.0], [0.0, 0.0]], np.float32), np.array([True, False]))
+    apply_gradients(v, SGD(1.0), ids, g, step=1, inverse=np.array([0, 1, 0]),
+                    initial_rows=init)
+    np.testing.assert_array_equal(v.lookup(np.array([5, 7])), [[1.0, 1.0], [-1.0, -1.0]])

@@ -422,3 +422,51 @@ def test_initial_rows_of_the_lookup_are_inserted_bit_for_bit(graph, monkeypatch)
         np.testing.assert_array_equal(opts[a].get_slot(a, slot, keys).numpy(),
                                       opts[b].get_slot(b, slot, keys).numpy())
     assert np.all(a.lookup(keys).numpy()[3] != 4.0)      # 1 came back from its initial value
+
+
+def _fit_twice(name, opt, monkeypatch, fused):
+    """Table rows, slots and dense kernel after ``model.fit`` with ``FUSED = fused``, and
+    how often the separate gradient-sum op ran."""
+    import tf_bridge.lookup as lk
+    import tf_bridge.optimizer as top
+    monkeypatch.setattr(top, "FUSED", fused)
+    ran = []
+    sums = lk.segment_sum_into
+    monkeypatch.setattr(lk, "segment_sum_into", lambda *a: ran.append(1) or sums(*a))
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((3,), dtype="int64")
+    emb = de.keras.layers.Embedding(4, name=name, initializer=keras.initializers.RandomNormal(
+        seed=1))
+    out = keras.layers.Dense(1, kernel_initializer="ones")(keras.layers.Flatten()(emb(inp)))
+    model = keras.Model(inp, out)
+    dyn = de.DynamicEmbeddingOptimizer(opt)
+    model.compile(dyn, "mse")
+    rng = np.random.default_rng(0)
+    x = rng.zipf(1.3, (96, 3)) % 50 - 25                  # negative ids and repeats
+    x[0] = [2**63 - 1, -2**63, -1]
+    y = rng.random((96, 1)).astype(np.float32)
+    model.fit(x, y, batch_size=32, epochs=2, verbose=0, shuffle=False)
+    keys = tf.constant(np.unique(x), tf.int64)
+    slots = [dyn.get_slot(emb.params, s, keys).numpy() for s, _ in dyn.rule.slots()]
+    return [emb.params.lookup(keys).numpy(), model.layers[-1].kernel.numpy()] + slots, len(ran)
+
+
+@pytest.mark.parametrize("make", [lambda: keras.optimizers.Adam(0.05),
+                                  lambda: keras.optimizers.Ftrl(0.1, l1_regularization_strength=0.01),
+                                  lambda: keras.optimizers.RMSprop(0.01, momentum=0.5)],
+                         ids=["adam", "ftrl", "rmsprop"])
+def test_keras_step_sums_the_gradient_in_the_update_bit_for_bit(make, monkeypatch):
+    """model.fit: the optimizer sums the lookup's output gradient per id in its update
+    pass and the separate sum op is pruned from the step; the tables, slots and dense
+    weights equal those of the step with the separate op, bit for bit."""
+    fused, ran_fused = _fit_twice("fused_" + type(make()).__name__, make(), monkeypatch, True)
+    plain, ran_plain = _fit_twice("plain_" + type(make()).__name__, make(), monkeypatch, False)
+    assert ran_fused == 0 and ran_plain == 6                 # 3 steps x 2 epochs
+    for a, b in zip(fused, plain):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_clipped_steps_keep_the_separate_sum(monkeypatch):
+    """Clipping acts on each id's summed row, so that step sums first (the op runs)."""
+    _, ran = _fit_twice("clipped", keras.optimizers.SGD(0.1, clipvalue=0.01), monkeypatch, True)
+    assert ran == 6

@@ -1,0 +1,82 @@
+"""``apply_gradients`` on a CUDA variable: the batch's gradient rows summed per id and
+the optimizer's row body applied, in one kernel (:func:`jit_kernels.cuda_table.update_rows`).
+
+The steps of :func:`numbaemb.optimizers.apply_gradients`, on the device:
+
+1. group the batch's positions by id, each group in batch order
+   (``group_keys`` for a batch with repeats, ``group_positions`` for
+   ``inverse=``; ``assume_unique``: no groups);
+2. ``find_or_insert`` the distinct ids (new rows get initial values in every
+   column, slots included);
+3. one kernel: per distinct id, a tile of lanes sums its positions' gradient
+   rows from zero in batch order (the bits of the CPU's ``segment_sum``) and
+   runs the CPU's own ``*_row`` body on the row and its slots.
+
+Not on the device yet (NotImplementedError): ``delta`` (bp_v2) and tables with
+more than one shard.  ``initial_rows`` is not used: new rows are drawn again on
+the device (the same values: initial values are a function of (seed, key)).
+"""
+import threading
+import weakref
+
+import numpy as np
+
+from . import _checks
+
+_SCRATCH = weakref.WeakKeyDictionary()       # one step scratch per shard (reused buffers)
+_SCRATCH_LOCK = threading.Lock()
+
+
+def _scratch(shard):
+    from jit_kernels import cuda_table as k
+    with _SCRATCH_LOCK:
+        sc = _SCRATCH.get(shard)
+        if sc is None:
+            sc = _SCRATCH[shard] = k.Scratch()
+        return sc
+
+
+def apply_on_device(variable, optimizer, ids, grads, step, lr, assume_unique, delta, inverse):
+    """See :func:`numbaemb.optimizers.apply_gradients` (arguments already checked:
+    ``variable``, ``optimizer``, ``step``, ``lr``)."""
+    from jit_kernels import cuda_table as k
+
+    from .optimizers import _add_slot_columns
+    if delta:
+        raise NotImplementedError("apply_gradients(delta=True) (bp_v2) runs on CPU variables "
+                                  f"only so far; variable is on {variable.device}")
+    if variable.num_shards != 1:
+        raise NotImplementedError(f"apply_gradients on {variable.device} takes a variable "
+                                  f"of one shard so far, got num_shards={variable.num_shards}")
+    a, dim = variable._arrays, variable.dim
+    dtype = _checks.compute_dtype(variable.value_dtype)
+    keys, flat = variable._keys(ids, insert=True)
+    if inverse is not None:      # checked on the host: ids (u,) distinct, grads per position
+        inverse = _checks.as_inverse(a.host(inverse), flat.shape[0], "inverse").reshape(-1)
+        g = a.values(grads, (inverse.shape[0],), dim, dtype, "grads")
+    else:
+        g = a.values(grads, keys.shape, dim, dtype, "grads")
+    if flat.shape[0] == 0:
+        return
+    shard = variable.shards[0]
+    sc = _scratch(shard)
+    with shard.on():
+        if inverse is not None:
+            uniq = flat
+            order, starts = k.group_positions(a.positions(inverse), flat.shape[0], sc)
+        elif assume_unique:
+            uniq, order, starts = flat, None, None
+        else:
+            order, starts = k.group_keys(flat, sc)
+            uniq = k.group_heads(flat, order, starts,
+                                 a.empty(starts.shape[0] - 1, np.int64))
+    variable._check_room(uniq)
+    name, slots, hyper, flag = optimizer._rule(lr, step, dtype)
+    with variable._lock.write():
+        _add_slot_columns(variable, optimizer)
+        variable._last_step = step
+        with shard.on():
+            rows, _ = shard.find_or_insert(uniq)     # new rows: initial values, slots too
+            cols = [shard.values] + [shard.columns[optimizer.column(s)].data if s else
+                                     shard.values for s in slots]
+            k.update_rows(name, cols, rows, g, order, starts, hyper, flag, sc)

@@ -1,0 +1,111 @@
+"""``apply_gradients`` on ``Variable(device="cuda")`` against the same step on the CPU.
+
+The device step sums each id's gradient rows in its update kernel (one tile per
+distinct id, batch order) and runs the CPU's own row bodies, so under the
+simulator the tables, slots included, agree with the CPU's bit for bit.
+Batches stay small: the simulator runs every CUDA thread as a Python thread.
+"""
+import numpy as np
+import pytest
+
+import numbaemb as ne
+from numbaemb import initializers as I
+from numbaemb.optimizers import SGD, Adagrad, Adam, Ftrl, RMSprop, apply_gradients, slot_values
+from jit_kernels.segment import unique_inverse
+from tests.cuda_support import SIMULATOR, needs_cuda
+
+pytestmark = [pytest.mark.cuda, needs_cuda]
+
+DIM = 5                                   # not a multiple of a tile: strided lanes end early
+RULES = {
+    "sgd_nesterov": SGD(0.1, momentum=0.8, nesterov=True),
+    "adagrad": Adagrad(0.1, initial_accumulator_value=0.2),
+    "adam": Adam(0.05, beta_1=0.8),
+    "amsgrad": Adam(0.05, amsgrad=True),
+    "ftrl": Ftrl(0.2, learning_rate_power=-0.6, l1_regularization_strength=0.01,
+                 l2_regularization_strength=0.05, l2_shrinkage_regularization_strength=0.02,
+                 beta=0.1),
+    "rmsprop_centered": RMSprop(0.01, momentum=0.3, centered=True),
+    "sgd": SGD(0.1),
+}
+
+
+def host(a):
+    return a if isinstance(a, np.ndarray) else a.copy_to_host()
+
+
+def batch(rng, step):
+    ids = np.array([0, -1, 2**63 - 1, -2**63] + list(rng.integers(-50, 50, 20)), np.int64)
+    ids = ids[rng.integers(0, ids.shape[0], 24)]              # repeats
+    grads = (rng.standard_normal((24, DIM)) * 10.0 ** rng.integers(-3, 3, (24, 1)))
+    return ids, grads.astype(np.float32)
+
+
+def state(v, rule, keys):
+    return [host(v.lookup(keys))] + [np.asarray(slot_values(v, rule, s, keys))
+                                      for s, _ in rule.slots()]
+
+
+@pytest.mark.parametrize("mode", ["repeats", "assume_unique", "inverse"])
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_device_steps_match_the_cpu(name, mode):
+    rule = RULES[name]
+    cpu, gpu = (ne.Variable(DIM, initializer=I.RandomNormal(0.0, 1.0), seed=3, device=d)
+                for d in ("cpu", "cuda"))
+    rng = np.random.default_rng(7)
+    seen = []
+    for step in range(1, 4):
+        ids, grads = batch(rng, step)
+        seen.append(ids)
+        if mode == "repeats":
+            for v in (cpu, gpu):
+                apply_gradients(v, rule, ids, grads, step=step)
+        else:
+            uniq, inverse = unique_inverse(ids)
+            if mode == "inverse":
+                for v in (cpu, gpu):
+                    apply_gradients(v, rule, uniq, grads, step=step, inverse=inverse)
+            else:
+                from jit_kernels.segment import segment_sum
+                sums = segment_sum(grads, inverse, uniq.shape[0], 1)
+                for v in (cpu, gpu):
+                    apply_gradients(v, rule, uniq, sums, step=step, assume_unique=True)
+    keys = np.unique(np.concatenate(seen))
+    assert cpu.size() == gpu.size() == keys.shape[0]
+    for a, b in zip(state(cpu, rule, keys), state(gpu, rule, keys)):
+        if SIMULATOR:
+            np.testing.assert_array_equal(b, a)
+        else:                    # a GPU's pow / sqrt / division may round differently
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("value_dtype", ["float16", "bfloat16"])
+def test_device_steps_on_16_bit_tables_match_the_cpu(value_dtype):
+    rule = Adam(0.05)
+    cpu, gpu = (ne.Variable(DIM, value_dtype=value_dtype, initializer=I.RandomNormal(0.0, 1.0),
+                            seed=3, device=d) for d in ("cpu", "cuda"))
+    rng = np.random.default_rng(8)
+    for step in range(1, 3):
+        ids, grads = batch(rng, step)
+        for v in (cpu, gpu):
+            apply_gradients(v, rule, ids, grads, step=step)
+    keys = np.unique(ids)
+    for a, b in zip(state(cpu, rule, keys), state(gpu, rule, keys)):
+        np.testing.assert_array_equal(np.asarray(b, np.float32), np.asarray(a, np.float32))
+
+
+def test_device_step_takes_device_arrays_and_applies_nothing_on_bad_input():
+    from jit_kernels import cuda_table
+    cuda = cuda_table.cuda_api()
+    v = ne.Variable(DIM, device="cuda")
+    with pytest.raises(ValueError, match="grads"):
+        apply_gradients(v, Adam(), np.array([1, 2]), np.ones((3, DIM), np.float32), step=1)
+    with pytest.raises(ValueError, match="inverse"):
+        apply_gradients(v, Adam(), np.array([1, 2]), np.ones((2, DIM), np.float32), step=1,
+                        inverse=np.array([0, 2]))
+    assert v.size() == 0
+    ids = cuda.to_device(np.array([4, 4, 9], np.int64))
+    grads = cuda.to_device(np.ones((3, DIM), np.float32))
+    apply_gradients(v, SGD(1.0), ids, grads, step=1)            # repeats summed: 2 and 1
+    np.testing.assert_array_equal(host(v.lookup(np.array([4, 9]))) - host(
+        ne.Variable(DIM, device="cuda").lookup(np.array([4, 9]))), [[-2.0] * DIM, [-1.0] * DIM])
