@@ -100,8 +100,9 @@ def parse_args(argv=None):
                     help="skip the physical-limit row (an embedding that costs nothing)")
     ap.add_argument("--no-breakdown", action="store_true", help="skip the breakdown run")
     ap.add_argument("--unfused", action="store_true",
-                    help="add the default layer with the gradient summed by a separate op "
-                         "before the update (tf_bridge.optimizer.FUSED = False): same-run A/B")
+                    help="add the default layer as it ran before issue 18 (gradient summed by "
+                         "its own op, forward through the distinct ids' rows and a spread: "
+                         "tf_bridge.optimizer.FUSED = tf_bridge.lookup.DIRECT_FORWARD = False)")
     ap.add_argument("--rowwise", action="store_true",
                     help="tf.data: slices of rows + .batch(16384) instead of whole batches")
     ap.add_argument("--no-bfc", dest="bfc", action="store_false",
@@ -241,9 +242,11 @@ class Runner:
         a, b = self.next, self.next + steps
         self.next = b
         clock = clock_callback()
-        if self.kind in ("numbaemb", "sized", "unfused"):    # read when the step is traced
+        if self.kind in ("numbaemb", "sized", "unfused"):    # "unfused": the code before #18
+            import tf_bridge.lookup as lk
             import tf_bridge.optimizer as top
-            top.FUSED = self.kind != "unfused"
+            top.FUSED = self.kind != "unfused"               # read when the step is traced
+            lk.DIRECT_FORWARD = self.kind != "unfused"       # read at every step
         self.model.fit(dataset(self.x[a:b], self.y[a:b], self.args.rowwise), epochs=1,
                        steps_per_epoch=steps, verbose=0, callbacks=[clock], shuffle=False)
         if record:
@@ -533,8 +536,8 @@ def main(argv=None):
 
     names = {"numbaemb":
              "numbaemb: de.keras.layers.Embedding(64) + DynamicEmbeddingOptimizer(Adam)",
-             "unfused": "numbaemb, the same layer with the gradient summed by its own op "
-                        "before the update (FUSED = False; the code before issue 18)",
+             "unfused": "numbaemb, the same layer as before issue 18 (distinct ids' rows "
+                        "spread to positions; gradient summed by its own op before the update)",
              "sized": "numbaemb, the same layer with init_size=1_000_000 (memory faulted in "
                       "at creation, as the stock layer's)",
              "stock": "stock: keras.layers.Embedding(1_000_000, 64) + Adam",

@@ -266,13 +266,15 @@ class Variable:
         return rows if self._store == self.value_dtype else rows.view(self.value_dtype)
 
     # ---- reads -----------------------------------------------------------------------
-    def lookup(self, keys, return_exists=False):
+    def lookup(self, keys, return_exists=False, out=None):
         """Rows of ``keys`` (shape ``keys.shape + (dim,)``); absent keys get their
         initial value and are not inserted.  With ``return_exists`` also a bool
-        array of ``keys.shape``.  The result is 64-byte aligned."""
+        array of ``keys.shape``.  The result is 64-byte aligned, or written into
+        ``out`` (CPU tables: a C-contiguous numpy array of ``(keys.size, dim)`` rows
+        of the value dtype, e.g. a buffer reused every step) and returned as its view."""
         keys, flat = self._keys(keys)
         n, a = flat.shape[0], self._arrays
-        out = a.empty((n, self.dim), self._store)
+        out = a.empty((n, self.dim), self._store) if out is None else self._out(out, n)
         exists = a.empty(n, np.bool_)
         with self._lock.read():
             for shard, pos, k in self._parts(keys, flat):
@@ -286,6 +288,17 @@ class Variable:
                     a.put(exists, pos, e)
         out = self._shown(out).reshape(keys.shape + (self.dim,))
         return (out, exists.reshape(keys.shape)) if return_exists else out
+
+    def _out(self, out, n):
+        """``out`` checked as a destination of ``n`` rows, seen as stored."""
+        if self.device != "cpu" or not isinstance(out, np.ndarray):
+            raise TypeError(f"out must be a numpy array on a CPU table, got "
+                            f"{type(out).__name__} for a table on {self.device}")
+        if out.dtype != self.value_dtype or out.shape != (n, self.dim) or \
+                not out.flags.c_contiguous:
+            raise ValueError(f"out must be a C-contiguous {self.value_dtype} array of shape "
+                             f"{(n, self.dim)}, got {out.dtype} {out.shape}")
+        return out.view(self._store)
 
     def size(self, index=None) -> int:
         """Number of keys, in all shards or in shard ``index``."""

@@ -82,6 +82,9 @@ def _warm_pair(ne, segment, key_dtype, value_dtype, timed, verbose):
     timed("unique / segment-sum / spread", lambda: (
         segment.segment_sum(rows, inverse, uniq.size, segment.threads_for(flat.size)),
         segment.gather_rows(rows[:uniq.size], inverse, np.empty_like(rows))))
+    w = ne.Variable(4, key_dtype=key_dtype, value_dtype=value_dtype, name="warm_fused")
+    timed("Adam, per-position gradients (a Keras step's)", lambda: ne.optimizers.apply_gradients(
+        w, ne.optimizers.Adam(0.1), uniq.astype(key_dtype), rows, step=1, inverse=inverse))
 
 
 def main(argv=None):

@@ -32,30 +32,19 @@ import tensorflow as tf
 from jit_kernels.segment import gather_rows, segment_sum_into, unique_inverse
 from numbaemb import aligned_empty
 from numbaemb._checks import storage_dtype
-from numbaemb._memory import BufferPool
 
 from . import mode
 from .dlpack import from_tf, numpy_call, to_tf
-from .variable import _SERVING, Variable
+from .variable import _SERVING, Variable, _pool
 
 __all__ = ["embedding_lookup", "embedding_lookup_unique", "embedding_lookup_sparse",
            "safe_embedding_lookup_sparse", "unique_lookup", "sum_by_key", "is_distinct",
            "positions_of"]
 
 COMBINERS = ("sum", "mean", "sqrtn")
-# each variable's per-step outputs handed to TensorFlow (embeddings, gradient sums) come from
-# its own BufferPool: reused once TF has dropped them, so a training step does not fault in a
-# fresh 16 MB mapping; one pool a variable, so a model with many tables still reuses them all
-_POOLS = weakref.WeakKeyDictionary()
-_POOLS_LOCK = threading.Lock()
-
-
-def _pool(params):
-    with _POOLS_LOCK:
-        pool = _POOLS.get(params)
-        if pool is None:
-            pool = _POOLS[params] = BufferPool()
-        return pool
+# training lookups take the positions' rows straight from the table into their output (a
+# buffer of the variable's pool), not the distinct ids' rows then a spread (see forward)
+DIRECT_FORWARD = True
 
 
 def _check_params(params):
@@ -183,7 +172,15 @@ def unique_lookup(params, ids, handle=None):
         uniq, inverse = unique_inverse(flat, out=(aligned_empty(n, np.int64),
                                                   aligned_empty(n, np.int64)))
         distinct = uniq.shape[0] == n    # then uniq is flat, in order
-        # _np_lookup checks the key range; callable initializers record their rows
+        out = params._pooled(flat)
+        if out is not None and (distinct or DIRECT_FORWARD and params._rows_per_position):
+            # every position's row straight from the table into the output (absent ids'
+            # initial rows drawn per position: the same values); callable initializers
+            # record their rows; _np_lookup checks the key range
+            rows, exists = params._np_lookup(flat, True, train, out=out)
+            if stash:
+                _keep_fresh_positions(params, uniq, inverse, rows, exists)
+            return (rows, uniq.astype(key_np, copy=False), inverse) if train else (rows,)
         rows, exists = params._np_lookup(flat if distinct else uniq, True, train)
         if stash:
             _keep_fresh(params, uniq, rows, exists, shared=distinct)
@@ -246,6 +243,26 @@ def _keep_fresh(params, uniq, rows, exists, shared):
             kept[miss] = rows[miss]
             rows = kept
         entry = (uniq, rows, ~exists)
+    with _FRESH_LOCK:
+        if entry is None:
+            _FRESH.pop(params, None)
+        else:
+            _FRESH[params] = entry
+
+
+def _keep_fresh_positions(params, uniq, inverse, rows, exists):
+    """As :func:`_keep_fresh` from the rows of every position (``rows`` (n, dim),
+    ``exists`` (n,), ``uniq[inverse]`` the positions' ids): the absent ids' rows, copied
+    from one of their positions (all hold the same initial row)."""
+    miss = np.flatnonzero(~exists.reshape(-1))
+    entry = None
+    if miss.size:
+        ids = inverse[miss]
+        valid = np.zeros(uniq.shape[0], np.bool_)
+        valid[ids] = True
+        kept = np.empty((uniq.shape[0], rows.shape[-1]), rows.dtype)  # present ids': unread
+        kept[ids] = rows.reshape(-1, rows.shape[-1])[miss]
+        entry = (uniq, kept, valid)
     with _FRESH_LOCK:
         if entry is None:
             _FRESH.pop(params, None)

@@ -220,10 +220,12 @@ class DynamicVariable(Variable):
         """Number of keys (int64 scalar tensor; distributed: on every rank, collective)."""
         return Variable.size(self)
 
-    def _np_lookup(self, keys, return_exists, record):
+    _rows_per_position = False        # training lookups insert their distinct keys
+
+    def _np_lookup(self, keys, return_exists, record, out=None):
         """Training lookups (``record``) insert the absent keys with their initial rows."""
         if not record:
-            return super()._np_lookup(keys, return_exists, record)
+            return super()._np_lookup(keys, return_exists, record, out)
         self.table._check_room(keys, "this lookup (max_capacity)")   # keys: distinct here
         if self._pending is None:                  # rows are a function of the key
             rows = self.table.find_or_insert(keys)

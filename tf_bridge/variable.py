@@ -54,6 +54,7 @@ from numbaemb.string_keys import Packed
 
 from .dlpack import from_tf, numpy_call
 from .initializers import translate
+from numbaemb._memory import BufferPool
 from .restrict import make_policy
 
 __all__ = ["Variable", "get_variable", "as_ids", "as_string_keys", "owner_of", "DynamicHandle"]
@@ -193,6 +194,22 @@ class _TableHandle(DynamicHandle, ResourceVariable):
 # Serving export (tf_bridge.export) sets ``_SERVING.hook(variable, keys, return_exists)``
 # while it traces: lookups then read TF-native ServingTables instead of calling Python.
 _SERVING = threading.local()
+
+
+
+# each variable's per-step outputs handed to TensorFlow (embeddings, gradient sums) come from
+# its own BufferPool: reused once TF has dropped them, so a training step does not fault in a
+# fresh 16 MB mapping; one pool a variable, so a model with many tables still reuses them all
+_POOLS = weakref.WeakKeyDictionary()
+_POOLS_LOCK = threading.Lock()
+
+
+def _pool(params):
+    with _POOLS_LOCK:
+        pool = _POOLS.get(params)
+        if pool is None:
+            pool = _POOLS[params] = BufferPool()
+        return pool
 
 
 class Variable(tf.__internal__.tracking.Trackable):
@@ -350,8 +367,13 @@ class Variable(tf.__internal__.tracking.Trackable):
         if serve is not None:
             return serve(self, keys, return_exists)
         tout = [self.value_dtype, tf.bool] if return_exists else [self.value_dtype]
-        out = numpy_call(lambda *a: self._np_lookup(self._np_keys(*a), return_exists, record),
-                         self._key_inputs(keys), tout, name=name, collective=self.distributed)
+
+        def run(*arrays):
+            keys = self._np_keys(*arrays)
+            return self._np_lookup(keys, return_exists, record, out=self._pooled(keys))
+
+        out = numpy_call(run, self._key_inputs(keys), tout, name=name,
+                         collective=self.distributed)
         out[0].set_shape(keys.shape.concatenate([self.dim]))
         if return_exists:
             out[1].set_shape(keys.shape)
@@ -369,10 +391,21 @@ class Variable(tf.__internal__.tracking.Trackable):
                             "hold: an optimizer step that would insert past it raises "
                             "ValueError and applies nothing.")
 
-    def _np_lookup(self, keys, return_exists, record):
+    # a training lookup may look every position up (tf_bridge.lookup.DIRECT_FORWARD)
+    _rows_per_position = True
+
+    def _pooled(self, keys):
+        """A buffer of this variable's pool for the rows of int ``keys`` (None for other
+        keys, or a split table, whose lookup allocates its own)."""
+        if self.distributed or not (isinstance(keys, np.ndarray) and keys.dtype.kind in "iu"):
+            return None
+        return _pool(self).empty((keys.size, self.dim), self.value_dtype.as_numpy_dtype)
+
+    def _np_lookup(self, keys, return_exists, record, out=None):
         if self.string_keys and not (isinstance(keys, np.ndarray) and keys.dtype.kind in "iu"):
             keys = self.table.ids(keys)          # strings: their ids (nothing registered)
-        rows, exists = self.table.lookup(keys, return_exists=True)
+        kw = {} if out is None else {"out": out}
+        rows, exists = self.table.lookup(keys, return_exists=True, **kw)
         if self._pending is not None and not exists.all():
             self._fill_missing(keys, rows, exists, record)
         return (rows, exists) if return_exists else (rows,)

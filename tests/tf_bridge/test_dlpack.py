@@ -114,8 +114,8 @@ def test_lookup_hands_rows_to_tf_without_copy(monkeypatch):
     rows = {}
     real = v.table.lookup
 
-    def spy_lookup(keys, return_exists=False):
-        out = real(keys, return_exists)
+    def spy_lookup(keys, return_exists=False, **kw):      # kw: out=, a pooled buffer
+        out = real(keys, return_exists, **kw)
         rows["ptr"], rows["keys"] = out[0].ctypes.data, keys.ctypes.data
         return out
 
@@ -133,7 +133,7 @@ def test_lookup_hands_rows_to_tf_without_copy(monkeypatch):
 def test_unaligned_rows_from_the_table_are_aligned_before_tf(monkeypatch, spy):
     v = de.Variable(dim=4, name="unaligned_rows")
     monkeypatch.setattr(v.table, "lookup",
-                        lambda keys, return_exists=False: (unaligned((2, 4), np.float32, 16),
+                        lambda keys, return_exists=False, **kw: (unaligned((2, 4), np.float32, 16),
                                                            np.zeros(2, bool)))
     e = v.lookup(tf.constant([1, 2], tf.int64))
     assert spy and all(p % 64 == 0 for p in spy)

@@ -424,12 +424,14 @@ def test_initial_rows_of_the_lookup_are_inserted_bit_for_bit(graph, monkeypatch)
     assert np.all(a.lookup(keys).numpy()[3] != 4.0)      # 1 came back from its initial value
 
 
-def _fit_twice(name, opt, monkeypatch, fused):
-    """Table rows, slots and dense kernel after ``model.fit`` with ``FUSED = fused``, and
-    how often the separate gradient-sum op ran."""
+def _fit_twice(name, opt, monkeypatch, fused, direct=True):
+    """Table rows, slots, dense kernel and predictions after ``model.fit`` with
+    ``FUSED = fused`` and ``DIRECT_FORWARD = direct``, and how often the separate
+    gradient-sum op ran."""
     import tf_bridge.lookup as lk
     import tf_bridge.optimizer as top
     monkeypatch.setattr(top, "FUSED", fused)
+    monkeypatch.setattr(lk, "DIRECT_FORWARD", direct)
     ran = []
     sums = lk.segment_sum_into
     monkeypatch.setattr(lk, "segment_sum_into", lambda *a: ran.append(1) or sums(*a))
@@ -448,7 +450,9 @@ def _fit_twice(name, opt, monkeypatch, fused):
     model.fit(x, y, batch_size=32, epochs=2, verbose=0, shuffle=False)
     keys = tf.constant(np.unique(x), tf.int64)
     slots = [dyn.get_slot(emb.params, s, keys).numpy() for s, _ in dyn.rule.slots()]
-    return [emb.params.lookup(keys).numpy(), model.layers[-1].kernel.numpy()] + slots, len(ran)
+    seen = model.predict(x[:40] + 3, verbose=0)             # absent ids among them
+    return ([emb.params.lookup(keys).numpy(), model.layers[-1].kernel.numpy(), seen] + slots,
+            len(ran))
 
 
 @pytest.mark.parametrize("make", [lambda: keras.optimizers.Adam(0.05),
@@ -457,13 +461,18 @@ def _fit_twice(name, opt, monkeypatch, fused):
                          ids=["adam", "ftrl", "rmsprop"])
 def test_keras_step_sums_the_gradient_in_the_update_bit_for_bit(make, monkeypatch):
     """model.fit: the optimizer sums the lookup's output gradient per id in its update
-    pass and the separate sum op is pruned from the step; the tables, slots and dense
-    weights equal those of the step with the separate op, bit for bit."""
-    fused, ran_fused = _fit_twice("fused_" + type(make()).__name__, make(), monkeypatch, True)
-    plain, ran_plain = _fit_twice("plain_" + type(make()).__name__, make(), monkeypatch, False)
-    assert ran_fused == 0 and ran_plain == 6                 # 3 steps x 2 epochs
-    for a, b in zip(fused, plain):
-        np.testing.assert_array_equal(a, b)
+    pass and the separate sum op is pruned from the step (FUSED); the forward takes every
+    position's row from the table (DIRECT_FORWARD).  Tables, slots, dense weights and
+    predictions equal those of the separate op and the spread of distinct rows, bit for
+    bit."""
+    name = type(make()).__name__
+    plain, ran_plain = _fit_twice("plain_" + name, make(), monkeypatch, False, False)
+    assert ran_plain == 6                                    # 3 steps x 2 epochs
+    for fused, direct in [(True, False), (False, True), (True, True)]:
+        got, ran = _fit_twice(f"{name}_{fused}_{direct}", make(), monkeypatch, fused, direct)
+        assert ran == (0 if fused else 6)
+        for a, b in zip(got, plain):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_clipped_steps_keep_the_separate_sum(monkeypatch):
