@@ -315,7 +315,7 @@ def patch_for_breakdown(timers):
 
     w = timers.wrap
     w(lk, "unique_inverse", "forward: unique (Numba)")
-    w(tv.Variable, "_np_lookup", "forward: table lookup (probe + initial rows of absent ids)")
+    w(tv.Variable, "_np_lookup", "forward: table lookup (probe, rows copied out, initial rows of absent ids)")
     w(lk, "gather_rows", "forward: spread rows to positions (Numba)")
     w(lk, "segment_sum_into", "backward: segment-sum per distinct id (Numba)")
     w(ne_opt, "unique_inverse", "apply: unique + segment-sum (skipped if keys distinct)")
@@ -407,7 +407,7 @@ def breakdown_rows(mine, ops, fn_ms, step_ms):
     pyfunc = {k: v for k, v in ops.items()
               if k.endswith((":PyFunc", ":PyFuncStateless", ":EagerPyFunc"))}
     for label in ("forward: unique (Numba)",
-                  "forward: table lookup (probe + initial rows of absent ids)",
+                  "forward: table lookup (probe, rows copied out, initial rows of absent ids)",
                   "forward: spread rows to positions (Numba)"):
         add(label, mine.get(label, 0.0))
     add("backward: segment-sum per distinct id (Numba)",
