@@ -164,6 +164,26 @@ def state(f):
     raise TypeError(f"cannot checkpoint admission filter {type(f).__name__}")
 
 
+def config_of(f):
+    """The settings of filter ``f`` as a JSON-able dict (no counts), e.g. for a Keras
+    layer's config; :func:`from_config` makes an empty filter of them."""
+    config = dict(state(f)[0]) if isinstance(f, BloomFilter) else {
+        "kind": "counter", "min_count": f.min_count, "capacity": f.capacity}
+    config.pop("clock", None)
+    return config
+
+
+def from_config(config):
+    """An empty filter of the settings :func:`config_of` gave; ValueError if unknown."""
+    kind = config.get("kind") if isinstance(config, dict) else None
+    if kind == "bloom":
+        return BloomFilter(config["min_count"], config["capacity"], config["error_rate"])
+    if kind == "counter":
+        return CounterFilter(config["min_count"], config["capacity"])
+    raise ValueError(f"admit: an admission filter config must be a dict with kind 'counter' "
+                     f"or 'bloom', got {config!r}")
+
+
 def from_state(config, arrays):
     """The filter that :func:`state` described; ValueError if it does not fit."""
     kind = config.get("kind")

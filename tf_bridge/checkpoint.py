@@ -48,6 +48,7 @@ an attribute of a Keras layer / ``tf.Module``)::
 For Keras ``model.save("m.keras")`` / ``keras.models.load_model``, a layer that
 owns ``de.Variable`` attributes inherits :class:`KerasTableSaving`.
 """
+import base64
 import contextlib
 import json
 
@@ -160,7 +161,7 @@ def table_state(variable) -> dict:
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "dim": int(table.dim),
             "key_dtype": _checks.dtype_name(table.key_dtype), "value_dtype": table.value_dtype.name,
             "num_shards": int(table.num_shards), "size": int(n), "row_bytes": offset,
-            "columns": columns}
+            "columns": columns, **_extra_state(table)}
     values = np.concatenate(parts["values"]).reshape(n, table.dim)
     values = values.view(table.value_dtype) if table._store != table.value_dtype else values
     column_bytes = (np.concatenate(blobs, axis=1) if blobs else np.empty((n, 0), np.uint8))
@@ -262,6 +263,47 @@ def _string_ids(keys):
     return names.resolve(buf, starts, insert=True)[0], names
 
 
+def _extra_state(table):
+    """What a table keeps beside its rows: a bounded table's clock and epoch, an
+    admission filter's state (its arrays as base64 in the JSON: ``columns`` is the one
+    tensor whose content may vary, see the module docstring)."""
+    extra = {}
+    if getattr(table, "max_capacity", None) is not None:
+        extra["bounded"] = {"clock": int(table._clock), "epoch": table._epoch,
+                            "last_step": int(table._last_step)}
+    if getattr(table, "admit", None) is not None:
+        from numbaemb import admission
+        config, arrays = admission.state(table.admit)
+        extra["admission"] = {"config": config, "arrays": {
+            name: {"dtype": a.dtype.str, "shape": list(a.shape),
+                   "b64": base64.b64encode(np.ascontiguousarray(a).tobytes()).decode("ascii")}
+            for name, a in arrays.items()}}
+    return extra
+
+
+def _restored_filter(table, meta):
+    """The admission filter to install after a restore (checked before anything is
+    changed): the saved state under the restoring table's own filter settings; None to
+    keep the table's filter (no filter, or a checkpoint without filter state)."""
+    saved, current = meta.get("admission"), getattr(table, "admit", None)
+    if saved is None or current is None:
+        return None
+    from numbaemb import admission
+    try:
+        config = dict(saved["config"])
+        now, _ = admission.state(current)
+        if config.get("kind") != now["kind"]:
+            raise ValueError(f"the checkpoint's filter is a {config.get('kind')!r} filter, the "
+                             f"table's a {now['kind']!r} one")
+        config.update({k: v for k, v in now.items() if k not in ("kind", "clock")})
+        arrays = {name: np.frombuffer(base64.b64decode(a["b64"]), np.dtype(a["dtype"]))
+                  .reshape(a["shape"]) for name, a in saved["arrays"].items()}
+        return admission.from_state(config, arrays)
+    except (KeyError, TypeError, ValueError, base64.binascii.Error) as e:
+        raise ValueError(f"cannot restore the admission filter state of {table.name!r}: "
+                         f"{e}") from None
+
+
 def restore_table_state(variable, state):
     """Replace the content of ``variable`` with ``state`` (from :func:`table_state`).
 
@@ -289,6 +331,8 @@ def restore_table_state(variable, state):
     state = {k: (v.numpy() if isinstance(v, (tf.Tensor, tf.Variable)) else v)
              for k, v in state.items()} if isinstance(state, dict) else state
     keys, values, cols, names = _parse(table, state)
+    meta = _meta(state["columns"])
+    admit = _restored_filter(table, meta)
     if getattr(table, "max_capacity", None) is not None and keys.shape[0] > table.max_capacity:
         raise ValueError(f"the state holds {keys.shape[0]} keys, more than the max_capacity "
                          f"{table.max_capacity} of {table.name!r}")
@@ -322,15 +366,23 @@ def restore_table_state(variable, state):
         # timestamp policy: later steps must score above every restored key
         scores = next(c[4] for c in cols if c[0] == policy.column)
         policy.clock = int(scores.max()) if scores.size else 0
-    _bounded_restored(table, cols)
+    _bounded_restored(table, cols, meta.get("bounded"))
+    if admit is not None:
+        table.admit = admit
 
 
-def _bounded_restored(table, cols):
-    """A bounded table after a restore: its score copy rebuilt, and its clock past every
-    restored LRU score (later calls must score above the restored keys)."""
+def _bounded_restored(table, cols, saved):
+    """A bounded table after a restore: its score copy rebuilt, its clock past every
+    restored LRU score (later calls must score above the restored keys) and the saved
+    clock, epoch and last step (``saved``, absent from older checkpoints)."""
     if getattr(table, "max_capacity", None) is None:
         return
     table.shards[0]._loaded()
+    if isinstance(saved, dict):
+        table._clock = max(table._clock, int(saved.get("clock", 0)))
+        epoch = saved.get("epoch")
+        table._epoch = None if epoch is None else int(epoch)
+        table._last_step = int(saved.get("last_step", table._last_step))
     scores = next((c[4][:, 0] for c in cols if c[0] == "score"), None)
     if scores is not None and scores.size and table.evict in ("lru", "epoch_lru"):
         low = scores if table.evict == "lru" else scores & 0xFFFFFFFF

@@ -87,8 +87,9 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
         benchmark's job: 8.0M against 6.5M ids/s, 2-core VM).  Training always
         finds the distinct ids (the gradient is summed per id).
       restrict_policy, bp_v2, init_size, num_shards, partitioner, seed, max_capacity,
-      evict, admit, steps_to_live: as ``de.Variable`` (``admit`` is not saved in the
-      layer's config)
+      evict, admit, steps_to_live: as ``de.Variable`` (``admit`` may also be the dict
+      of ``numbaemb.admission.config_of``, as the layer's config holds it; its counts
+      travel with the table's checkpoints)
         (``init_capacity``: TFRA's name for ``init_size``).
       max_norm: clip each looked-up row's L2 norm.
       distributed: split the table across the MPI ranks of ``tf_bridge.distributed``
@@ -131,7 +132,7 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
                                init_size=init_size, restrict_policy=restrict_policy,
                                bp_v2=bp_v2, num_shards=num_shards, seed=seed,
                                distributed=distributed, max_capacity=max_capacity,
-                               evict=evict, admit=admit, steps_to_live=steps_to_live)
+                               evict=evict, admit=_admit_filter(admit), steps_to_live=steps_to_live)
         self.distributed = bool(distributed)
         self.supports_jit = False        # tf.numpy_function cannot be XLA-compiled
 
@@ -263,6 +264,7 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
             num_shards=self.params.table.num_shards,
             max_capacity=self.params.table.max_capacity, evict=self.params.table.evict,
             steps_to_live=getattr(self.params.table, "steps_to_live", None),
+            admit=_admit_config(getattr(self.params.table, "admit", None)),
             restrict_policy=None if policy is None else type(policy).__name__)
         return config
 
@@ -272,3 +274,18 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
         if config.get("initializer") is not None:
             config["initializer"] = keras.initializers.deserialize(config["initializer"])
         return cls(**config)
+
+
+def _admit_config(f):
+    if f is None:
+        return None
+    from numbaemb.admission import config_of
+    return config_of(f)
+
+
+def _admit_filter(admit):
+    """``admit`` as given, or the filter of a layer config's dict."""
+    if isinstance(admit, dict):
+        from numbaemb.admission import from_config
+        return from_config(admit)
+    return admit

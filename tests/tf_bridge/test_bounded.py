@@ -79,3 +79,50 @@ def test_admission_and_steps_to_live_through_the_layer():
         model.fit(np.array([[5, 6], [5, 6]]), np.ones((2, 1)), batch_size=2, verbose=0)
     assert emb.params.expire() == 1
     assert sorted(emb.params.export()[0].numpy().tolist()) == [5, 6]
+
+
+@pytest.mark.parametrize("make", ["counter", "bloom"])
+def test_admission_filter_state_and_epoch_round_trip_through_tf_checkpoints(make, tmp_path):
+    """tf.train.Checkpoint and .keras files keep an admission filter's counts (an id seen
+    once before the save is admitted at its second sighting after the restore) and a
+    bounded table's epoch; a filter of another kind refuses the state, changing nothing."""
+    from numbaemb.admission import BloomFilter, CounterFilter
+
+    def fresh(name, kind=make):
+        f = CounterFilter(min_count=2) if kind == "counter" else BloomFilter(min_count=2,
+                                                                          capacity=1000)
+        return de.Variable(dim=2, name=name, admit=f, max_capacity=50, evict="epoch_lru")
+
+    v = fresh("admit_ckpt")
+    v.table.set_epoch(7)
+    v.table.find_or_insert(np.array([11, 12]))       # counted once: not admitted yet
+    v.table.find_or_insert(np.array([12]))           # 12: twice, admitted
+    assert sorted(v.table.export()[0].tolist()) == [12]
+    path = tf.train.Checkpoint(t=v).save(str(tmp_path / "ck"))
+    w = fresh("admit_ckpt2")
+    tf.train.Checkpoint(t=w).restore(path)
+    assert w.table.epoch == 7 and sorted(w.table.export()[0].tolist()) == [12]
+    w.table.find_or_insert(np.array([11, 13]))       # 11: second sighting; 13: first
+    assert sorted(w.table.export()[0].tolist()) == [11, 12]
+    other = fresh("admit_other", "bloom" if make == "counter" else "counter")
+    other.table.find_or_insert(np.array([5, 5]))
+    with pytest.raises(ValueError, match="admission filter"):
+        from tf_bridge.checkpoint import restore_table_state, table_state
+        restore_table_state(other, table_state(v))
+    assert other.table.size() == 0                   # nothing applied
+
+
+def test_keras_file_keeps_the_admission_counts(tmp_path):
+    from numbaemb.admission import CounterFilter
+    ids = keras.Input((2,), dtype="int64")
+    emb = de.keras.layers.Embedding(2, combiner="sum", name="admit_keras",
+                                    admit=CounterFilter(min_count=2))
+    model = keras.Model(ids, keras.layers.Dense(1)(emb(ids)))
+    model.compile(optimizer=de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    model.fit(np.array([[1, 2]]), np.ones((1, 1)), verbose=0)        # 1 and 2 counted once
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    table = loaded.get_layer("admit_keras").params.table
+    assert table.size() == 0
+    table.find_or_insert(np.array([2, 3]))
+    assert table.export()[0].tolist() == [2]
