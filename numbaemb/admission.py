@@ -184,6 +184,37 @@ def from_config(config):
                      f"or 'bloom', got {config!r}")
 
 
+def merge(filters, keep=None):
+    """One filter holding the counts of ``filters`` (of one kind and configuration): a
+    table's filters from several checkpoint parts, loaded into another split.  Bloom
+    counters add up (saturating: counts stay upper bounds); a counter filter takes the
+    union of the tracked ids that ``keep(keys) -> bool mask`` keeps (counts of an id
+    tracked twice add up), the most recently counted ones when over its capacity."""
+    states = [state(f) for f in filters]
+    config = dict(states[0][0])
+    if any({k: v for k, v in c.items() if k != "clock"} !=
+           {k: v for k, v in config.items() if k != "clock"} for c, _ in states):
+        raise ValueError("the admission filters to merge differ in kind or configuration")
+    if config["kind"] == "bloom":
+        total = np.sum([a["counters"].astype(np.int64) for _, a in states], axis=0)
+        return from_state(config, {"counters": np.minimum(total, 255).astype(np.uint8)})
+    keys, counts, scores = (np.concatenate([a[n] for _, a in states])
+                            for n in ("keys", "counts", "scores"))
+    if keep is not None:
+        mask = keep(keys)
+        keys, counts, scores = keys[mask], counts[mask], scores[mask]
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    total, best = np.zeros(uniq.shape[0], np.int64), np.zeros(uniq.shape[0], np.int64)
+    np.add.at(total, inverse, counts)
+    np.maximum.at(best, inverse, scores)
+    if uniq.shape[0] > config["capacity"]:
+        top = np.argsort(best, kind="stable")[-config["capacity"]:]
+        uniq, total, best = uniq[top], total[top], best[top]
+    config["clock"] = max(int(c["clock"]) for c, _ in states)
+    return from_state(config, {"keys": uniq, "counts": np.minimum(total, np.iinfo(np.int32).max),
+                               "scores": best})
+
+
 def from_state(config, arrays):
     """The filter that :func:`state` described; ValueError if it does not fit."""
     kind = config.get("kind")

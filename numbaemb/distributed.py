@@ -93,10 +93,6 @@ class DistributedVariable(Variable):
     def __init__(self, dim, *, comm, key_dtype=np.int64, value_dtype=np.float32, num_shards=1,
                  partitioner=None, name=None, initializer=None, init_size=0, seed=None,
                  device="cpu", max_hbm_bytes=None, **bounds):
-        if any(v is not None for k, v in bounds.items() if k in ("max_capacity", "admit",
-                                                                  "steps_to_live")):
-            raise NotImplementedError("max_capacity, admit and steps_to_live are not supported "
-                                      "on tables split across MPI ranks yet")
         world = size_of(comm)
         self.user_comm = comm
         self._comm = Comm.of(comm)
@@ -104,7 +100,7 @@ class DistributedVariable(Variable):
         error = None
         try:      # a bad argument on one rank must reach the others (they wait in the exchange)
             self._build(dim, world, key_dtype, value_dtype, num_shards, partitioner, name,
-                        initializer, init_size, seed, device, max_hbm_bytes)
+                        initializer, init_size, seed, device, max_hbm_bytes, bounds)
         except Exception as e:      # noqa: BLE001
             error = e
         with self._comm.lock:
@@ -116,7 +112,10 @@ class DistributedVariable(Variable):
                              f"creating table {name!r} (#{serial}) with {cfg}")
 
     def _build(self, dim, world, key_dtype, value_dtype, num_shards, partitioner, name,
-               initializer, init_size, seed, device, max_hbm_bytes):
+               initializer, init_size, seed, device, max_hbm_bytes, bounds):
+        if bounds.get("evict") == "custom" and bounds.get("max_capacity") is not None:
+            raise NotImplementedError("evict='custom' (scores given per call) is not supported "
+                                      "on tables split across MPI ranks yet")
         if device != "cpu" or max_hbm_bytes is not None:
             raise NotImplementedError("distributed tables live on the CPU so far "
                                       f"(device={device!r}, max_hbm_bytes={max_hbm_bytes!r})")
@@ -128,21 +127,45 @@ class DistributedVariable(Variable):
                               num_shards=num_shards,
                               partitioner=LocalPartitioner(world) if num_shards > 1 else None,
                               name=name, initializer=initializer, init_size=init_size,
-                              seed=seed)
+                              seed=seed, **bounds)
         for attr in ("dim", "key_dtype", "value_dtype", "num_shards", "name", "initializer",
                      "seed", "device", "max_hbm_bytes", "_arrays", "_store", "max_capacity",
-                     "evict", "evict_window"):
+                     "evict", "evict_window", "steps_to_live"):
             setattr(self, attr, getattr(self.local, attr))
         self.partitioner = partitioner
 
     def _identity(self):
         """What every rank must agree on."""
+        from .admission import config_of
         part = self.partitioner
         return dict(name=self.name, dim=self.dim, key_dtype=self.key_dtype.name,
                     value_dtype=self.value_dtype.name, seed=int(self.seed),
                     initializer=self.initializer.get_config(),
                     partitioner="default" if part is None or part is default_partitioner
-                    else getattr(part, "__qualname__", type(part).__qualname__))
+                    else getattr(part, "__qualname__", type(part).__qualname__),
+                    max_capacity=self.max_capacity, evict=self.evict,
+                    evict_window=self.evict_window, steps_to_live=self.steps_to_live,
+                    admit=None if self.admit is None else config_of(self.admit))
+
+    # bounds live in the local table: capacity per rank, each rank's own admission filter
+    # (counting the keys it owns), clocks and epochs of the keys it owns
+    admit = property(lambda self: self.local.admit,
+                     lambda self, f: setattr(self.local, "admit", f))
+    _clock = property(lambda self: self.local._clock,
+                      lambda self, v: setattr(self.local, "_clock", v))
+    _epoch = property(lambda self: self.local._epoch,
+                      lambda self, v: setattr(self.local, "_epoch", v))
+    _last_step = property(lambda self: self.local._last_step,
+                          lambda self, v: setattr(self.local, "_last_step", v))
+
+    def set_epoch(self, epoch):
+        """The epoch of this rank's epoch-scored keys (not collective: set it alike on
+        every rank)."""
+        self.local.set_epoch(epoch)
+
+    @property
+    def epoch(self):
+        return self.local.epoch
 
     @property
     def comm(self):
@@ -271,9 +294,14 @@ class DistributedVariable(Variable):
         return self.local.export(column)
 
     # ---- writes --------------------------------------------------------------------------
-    def find_or_insert(self, keys, return_exists=False):
+    def find_or_insert(self, keys, return_exists=False, return_evicted=False, scores=None):
         """Collective ``Variable.find_or_insert``; with ``return_exists``, only a new
-        key's first occurrence in rank order (then batch order) reports absent."""
+        key's first occurrence in rank order (then batch order) reports absent.  A
+        bounded table inserts on each owner in the order the keys reach it (rank order,
+        then first occurrence); ``return_evicted`` / ``scores`` are not supported here."""
+        if return_evicted or scores is not None:
+            raise NotImplementedError("return_evicted and scores are not supported on tables "
+                                      "split across MPI ranks yet")
         if not return_exists:
             return self._read("find_or_insert", keys, self.local.find_or_insert)
         return self._rows_and_flags("find_or_insert", keys, self.local.find_or_insert,

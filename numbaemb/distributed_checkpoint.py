@@ -235,7 +235,9 @@ def load(path, comm=None, num_shards=None, partitioner=None, device=None, max_hb
             cfg = _config(archives, man)
             v = checkpoint.make_variable(cfg, Variable, num_shards, partitioner, device,
                                          max_hbm_bytes)
-            return checkpoint.fill(v, archives)
+            checkpoint.fill(v, archives)
+            _restore_bounds(v, archives)
+            return v
         finally:
             for ar in archives:
                 ar.close()
@@ -265,10 +267,12 @@ def load(path, comm=None, num_shards=None, partitioner=None, device=None, max_hb
             if same:      # part r holds exactly the keys rank r owns
                 identity = v.local.num_shards == cfg["num_shards"]
                 checkpoint.fill(v.local, opened, identity=identity)
+                _restore_bounds(v.local, opened)
             else:
                 archives = opened + [_open(d, p) for p in parts[1:]]
                 opened = archives
                 checkpoint.fill(v.local, archives, keep=lambda keys: _owned(v, keys))
+                _restore_bounds(v.local, archives, keep=lambda keys: _owned(v, keys))
         except Exception as e:      # noqa: BLE001
             error = f"{type(e).__name__}: {e}"
         finally:
@@ -279,6 +283,29 @@ def load(path, comm=None, num_shards=None, partitioner=None, device=None, max_hb
     if bad:
         raise ValueError(f"loading {os.fspath(path)!r} failed: " + "; ".join(bad))
     return v
+
+
+def _restore_bounds(v, archives, keep=None):
+    """What a bounded or filtered table keeps beside its rows, from the parts it was
+    filled from: the latest clock of them all (later inserts outrank every loaded key)
+    and the admission filter (one part's, or the parts' merged, keeping the ids
+    ``keep`` keeps: see :func:`numbaemb.admission.merge`)."""
+    from . import admission
+    from ._checkpoint_extras import _read_admission
+    clocks = [checkpoint.read_config(ar)["bounded"].get("clock") for ar in archives]
+    clocks = [int(c) for c in clocks if c is not None]
+    if clocks and getattr(v, "max_capacity", None) is not None:
+        v._clock = max([v._clock] + clocks)
+    filters = [_read_admission(ar) for ar in archives if "admission" in ar.manifest]
+    if not filters:
+        return
+    if len(filters) == 1 and keep is None:
+        v.admit = filters[0]
+        return
+    try:
+        v.admit = admission.merge(filters, keep)
+    except ValueError as e:
+        raise ValueError(f"loading checkpoint {archives[0].path}: {e}") from None
 
 
 def _owned(v, keys):

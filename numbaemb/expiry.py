@@ -46,12 +46,13 @@ def mark_updated(shard, rows, step):
 def _remove_picked(variable, pick):
     """Remove the keys ``pick(shard) -> keys`` chooses in each shard (one pass over its
     index, under the read lock), through ``variable.remove`` (which also forgets a
-    string table's names).  Returns how many were removed."""
+    string table's names).  Returns how many were removed.  On a table split across MPI
+    ranks this is not collective: each rank removes the keys it owns."""
     with variable._lock.read():
         picked = [pick(shard) for shard in variable.shards]
     keys = np.concatenate(picked) if picked else np.empty(0, np.int64)
-    if keys.shape[0]:
-        variable.remove(keys.astype(variable._id_dtype, copy=False))
+    if keys.shape[0]:        # a split table's keys are this rank's own: removed locally
+        getattr(variable, "local", variable).remove(keys.astype(variable._id_dtype, copy=False))
     return int(keys.shape[0])
 
 

@@ -290,7 +290,7 @@ class Variable(tf.__internal__.tracking.Trackable):
             dim, num_shards=len(self.devices) if num_shards is None else num_shards,
             partitioner=partitioner, name=name, init_size=init_size, seed=seed,
             initializer=self.initializer if kernel_init else None, comm=comm,
-            **_bounded_opts(max_capacity, evict, comm, admit, steps_to_live), **opts)
+            **_bounded_opts(max_capacity, evict, admit, steps_to_live), **opts)
         self.distributed = self.table.comm is not None     # split across more than one rank
         # callable initializers: initial rows handed out by training lookups, kept until
         # an optimizer step inserts them (insert_initial_values), so it trains what the loss saw
@@ -612,13 +612,10 @@ def _distributed_comm(distributed, kernel_init, restrict_policy, initializer):
     return hvd.comm()
 
 
-def _bounded_opts(max_capacity, evict, comm, admit, steps_to_live):
+def _bounded_opts(max_capacity, evict, admit, steps_to_live):
     """numbaemb's arguments for bounding a table (none for a plain one)."""
     opts = {k: v for k, v in dict(max_capacity=max_capacity, admit=admit,
                                   steps_to_live=steps_to_live).items() if v is not None}
-    if opts and comm is not None:
-        raise NotImplementedError(f"{', '.join(opts)} on a table split across MPI ranks is "
-                                  "not supported yet")
     if max_capacity is not None:
         opts["evict"] = evict
     return opts

@@ -173,3 +173,25 @@ def test_several_tables_one_step_in_program_order():
         agree(merged.keys() == want.keys() and all(
             abs(merged[k] - want[k]) < 1e-5 for k in want), f"table {j}: {merged} != {want}")
     agree(np.allclose(dense.numpy(), 1 - 6), "dense variable: averaged gradient 1 per step")
+
+
+def test_bounded_filtered_layer_trains_within_each_ranks_capacity():
+    """A Keras layer split across ranks with max_capacity (per rank) and an admission
+    filter trains: every rank's table stays within its capacity and every rank's filter
+    counted the ids it owns."""
+    from numbaemb.admission import CounterFilter
+    keras.utils.set_random_seed(3)
+    ids = keras.Input((2,), dtype="int64")
+    emb = de.keras.layers.Embedding(DIM, name="bounded_split", combiner="sum",
+                                    distributed=True, max_capacity=20, evict="lru",
+                                    admit=CounterFilter(min_count=2))
+    model = keras.Model(ids, keras.layers.Dense(1)(emb(ids)))
+    model.compile(hvd.DistributedOptimizer(de.DynamicEmbeddingOptimizer(
+        keras.optimizers.SGD(0.1))), loss="mse")
+    rng = np.random.default_rng(RANK)
+    x = rng.integers(0, 200, (64, 2))
+    model.fit(x, np.ones((64, 1)), batch_size=2, epochs=1, shuffle=False, verbose=0)
+    table = emb.params.table
+    agree(table.local_size() <= 20 and table.size() <= 20 * WORLD, table.local_size())
+    stats = COMM.allgather(table.admit.counts.size())
+    agree(all(s > 0 for s in stats), stats)

@@ -1,0 +1,141 @@
+"""Bounded, admission-filtered and expiring tables split across MPI ranks: each owner
+runs the bounds of one process on the keys that reach it (capacity per rank, the
+rank's own filter), so a local table fed the owner's received sequence is the oracle."""
+import numpy as np
+
+import numbaemb as ne
+from jit_kernels.exchange import default_owners
+from numbaemb import admission
+
+from .conftest import COMM, RANK, WORLD, agree, multi_rank, shared_tmpdir
+
+pytestmark = multi_rank
+INIT = ne.initializers.RandomUniform(-1, 1, seed=5)
+EXTREMES = np.array([np.iinfo(np.int64).min, np.iinfo(np.int64).max, -1, 0])
+
+
+def batch(call, rank):
+    """Rank ``rank``'s ids at call ``call`` (every rank can compute every rank's)."""
+    rng = np.random.default_rng(1000 * call + rank)
+    ids = rng.zipf(1.3, 40) % 300 - 150
+    return np.concatenate([ids, EXTREMES[call % 4:call % 4 + 1]]).astype(np.int64)
+
+
+def received(call, me=RANK):
+    """What owner ``me`` receives at ``call``: each rank's distinct ids it owns, in first
+    occurrence, the ranks in order (the exchange's plan)."""
+    seq = []
+    for r in range(WORLD):
+        ids = batch(call, r)
+        _, first = np.unique(ids, return_index=True)
+        ids = ids[np.sort(first)]
+        seq.append(ids[default_owners(ids, WORLD, 64) == me])
+    return np.concatenate(seq)
+
+
+def same_table(v, oracle):
+    k1, v1 = v.export()
+    k2, v2 = oracle.export()
+    o1, o2 = np.argsort(k1), np.argsort(k2)
+    return np.array_equal(k1[o1], k2[o2]) and np.array_equal(v1[o1], v2[o2])
+
+
+def test_bounded_inserts_evict_per_rank_as_the_oracle_does():
+    for evict in ("lru", "lfu", "epoch_lru"):
+        kw = dict(max_capacity=60, evict=evict, evict_window=8, initializer=INIT)
+        v = ne.Variable(3, comm=COMM, name=f"bounded_{evict}", **kw)
+        oracle = ne.Variable(3, **kw)
+        for call in range(12):
+            if evict == "epoch_lru":
+                v.set_epoch(call // 4)
+                oracle.set_epoch(call // 4)
+            v.find_or_insert(batch(call, RANK))
+            oracle.find_or_insert(received(call))
+        agree(v.local_size() <= 60 and same_table(v, oracle), evict)
+        agree(v.size() == COMM.allreduce(v.local_size()))
+        rows = v.lookup(batch(11, RANK))             # the last call's ids: all present
+        agree(np.array_equal(rows, v.find_or_insert(batch(11, RANK))))
+
+
+def _distinct(ids):
+    _, first = np.unique(ids, return_index=True)
+    return ids[np.sort(first)]
+
+
+def received_sums(call, me=RANK):
+    """The gradient sums owner ``me`` receives at ``call`` for all-ones gradients: each
+    rank's count of each distinct id it sends (in :func:`received`'s order)."""
+    out = []
+    for r in range(WORLD):
+        ids = batch(call, r)
+        d = _distinct(ids)
+        counts = np.array([np.count_nonzero(ids == k) for k in d], np.float32)
+        out.append(counts[default_owners(d, WORLD, 64) == me])
+    return np.repeat(np.concatenate(out)[:, None], 2, axis=1)
+
+
+def test_admission_counts_a_key_once_per_call_on_its_owner():
+    opt = ne.optimizers.SGD(1.0)
+    v = ne.Variable(2, comm=COMM, name="admit_split", admit=admission.CounterFilter(2),
+                    initializer=INIT)
+    oracle = ne.Variable(2, admit=admission.CounterFilter(2), initializer=INIT)
+    seen = []
+    for call in range(6):
+        ids = batch(call, RANK)
+        ne.optimizers.apply_gradients(v, opt, ids, np.ones((ids.shape[0], 2)), step=call + 1)
+        ne.optimizers.apply_gradients(oracle, opt, received(call), received_sums(call),
+                                      step=call + 1)
+        seen.append(received(call))
+    owned = np.unique(np.concatenate(seen)).shape[0]
+    agree(same_table(v, oracle) and 0 < v.local_size() < owned, (v.local_size(), owned))
+
+
+def test_steps_to_live_expire_removes_each_ranks_stale_keys():
+    v = ne.Variable(2, comm=COMM, name="ttl_split", steps_to_live=2)
+    opt = ne.optimizers.SGD(0.1)
+    ne.optimizers.apply_gradients(v, opt, np.arange(20) + 100 * RANK, np.ones((20, 2)), step=1)
+    for step in (2, 3):
+        ne.optimizers.apply_gradients(v, opt, np.arange(5), np.ones((5, 2)), step=step)
+    removed = ne.expiry.expire(v)                    # not collective: this rank's keys
+    left = sorted(sum(COMM.allgather(v.export()[0].tolist()), []))
+    agree(left == list(range(5)) and COMM.allreduce(removed) == 20 * WORLD - 5, left)
+
+
+def test_bounds_and_filter_state_round_trip_through_checkpoints(tmp_path_factory):
+    d = shared_tmpdir(tmp_path_factory)
+    kw = dict(max_capacity=500, evict="lru", admit=admission.CounterFilter(2),
+              initializer=INIT)
+    v = ne.Variable(3, comm=COMM, name="bounded_ckpt", **kw)
+    for call in range(4):
+        v.find_or_insert(batch(call, RANK))
+    v.save(d)
+    saved_keys = np.concatenate(COMM.allgather(v.export()[0]))
+    saved_tracked = np.concatenate(COMM.allgather(admission.state(v.admit)[1]["keys"]))
+    w = ne.Variable.load(d, comm=COMM)               # same world: each rank its part
+    sv, sw = admission.state(v.admit), admission.state(w.admit)
+    agree(w.max_capacity == 500 and w.local._clock == v.local._clock and same_table(w, v))
+    agree(all(np.array_equal(sv[1][n], sw[1][n]) for n in sv[1]), "filter state")
+    nxt = batch(4, RANK)                             # both behave alike from here
+    v.find_or_insert(nxt)
+    w.find_or_insert(nxt)
+    agree(same_table(w, v))
+    one = ne.Variable.load(d)                        # one process: every key, merged counts
+    tracked = admission.state(one.admit)[1]["keys"]
+    agree(np.array_equal(np.sort(one.export()[0]), np.sort(saved_keys))
+          and np.array_equal(np.sort(tracked), np.sort(saved_tracked)), "merged into one")
+
+
+def test_loading_more_keys_than_a_ranks_capacity_is_refused(tmp_path_factory):
+    """max_capacity is per rank: a checkpoint of full ranks loads into as many ranks,
+    not into one process (ValueError there, nothing half-loaded)."""
+    import pytest
+    d = shared_tmpdir(tmp_path_factory)
+    v = ne.Variable(2, comm=COMM, name="full_ranks", max_capacity=30)
+    owned = np.arange(4000)[default_owners(np.arange(4000), WORLD, 64) == RANK][:30]
+    v.find_or_insert(np.concatenate(COMM.allgather(owned)))   # 30 keys on every rank
+    agree(v.local_size() == 30)
+    v.save(d)
+    agree(ne.Variable.load(d, comm=COMM).size() == 30 * WORLD)
+    with pytest.raises(ValueError, match="max_capacity"):
+        ne.Variable.load(d)
+    COMM.Barrier()
