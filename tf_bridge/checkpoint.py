@@ -272,13 +272,28 @@ def _extra_state(table):
         extra["bounded"] = {"clock": int(table._clock), "epoch": table._epoch,
                             "last_step": int(table._last_step)}
     if getattr(table, "admit", None) is not None:
-        from numbaemb import admission
-        config, arrays = admission.state(table.admit)
-        extra["admission"] = {"config": config, "arrays": {
-            name: {"dtype": a.dtype.str, "shape": list(a.shape),
-                   "b64": base64.b64encode(np.ascontiguousarray(a).tobytes()).decode("ascii")}
-            for name, a in arrays.items()}}
+        extra["admission"] = encode_filter(table.admit)
     return extra
+
+
+def encode_filter(f):
+    """An admission filter's state as JSON-able data (arrays as base64)."""
+    from numbaemb import admission
+    config, arrays = admission.state(f)
+    return {"config": config, "arrays": {
+        name: {"dtype": a.dtype.str, "shape": list(a.shape),
+               "b64": base64.b64encode(np.ascontiguousarray(a).tobytes()).decode("ascii")}
+        for name, a in arrays.items()}}
+
+
+def decode_filter(entry, **settings):
+    """The filter :func:`encode_filter` described, with ``settings`` (e.g. the restoring
+    table's ``min_count``) over the saved ones."""
+    from numbaemb import admission
+    config = dict(entry["config"], **settings)
+    arrays = {name: np.frombuffer(base64.b64decode(a["b64"]), np.dtype(a["dtype"]))
+              .reshape(a["shape"]) for name, a in entry["arrays"].items()}
+    return admission.from_state(config, arrays)
 
 
 def _restored_filter(table, meta):
@@ -290,15 +305,13 @@ def _restored_filter(table, meta):
         return None
     from numbaemb import admission
     try:
-        config = dict(saved["config"])
+        kind = saved["config"].get("kind")
         now, _ = admission.state(current)
-        if config.get("kind") != now["kind"]:
-            raise ValueError(f"the checkpoint's filter is a {config.get('kind')!r} filter, the "
-                             f"table's a {now['kind']!r} one")
-        config.update({k: v for k, v in now.items() if k not in ("kind", "clock")})
-        arrays = {name: np.frombuffer(base64.b64decode(a["b64"]), np.dtype(a["dtype"]))
-                  .reshape(a["shape"]) for name, a in saved["arrays"].items()}
-        return admission.from_state(config, arrays)
+        if kind != now["kind"]:
+            raise ValueError(f"the checkpoint's filter is a {kind!r} filter, the table's a "
+                             f"{now['kind']!r} one")
+        return decode_filter(saved, **{k: v for k, v in now.items()
+                                       if k not in ("kind", "clock")})
     except (KeyError, TypeError, ValueError, base64.binascii.Error) as e:
         raise ValueError(f"cannot restore the admission filter state of {table.name!r}: "
                          f"{e}") from None

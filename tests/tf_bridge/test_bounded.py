@@ -126,3 +126,25 @@ def test_keras_file_keeps_the_admission_counts(tmp_path):
     assert table.size() == 0
     table.find_or_insert(np.array([2, 3]))
     assert table.export()[0].tolist() == [2]
+
+
+def test_split_tables_gathered_state_merges_the_ranks_filters_and_clocks():
+    """hvd.save_model writes one state for a table split across ranks: the ranks'
+    counter filters merge (every rank's tracked ids) and the latest clock wins."""
+    import json
+
+    import numbaemb as ne
+    from numbaemb.admission import CounterFilter, state
+    from tf_bridge.checkpoint import decode_filter, table_state
+    from tf_bridge.distributed.saving import _merge_extras
+    parts = []
+    for r, ids in enumerate(([1, 2, 3], [10, 11])):        # two "ranks"' local tables
+        t = ne.Variable(2, admit=CounterFilter(2), max_capacity=10)
+        for _ in range(r + 1):                             # ids seen once: counted, not in
+            t.find_or_insert(np.array(ids) + 100 * _)
+        parts.append(json.loads(table_state(t)["columns"]))
+    meta = dict(parts[0])
+    _merge_extras(meta, parts)
+    merged = state(decode_filter(meta["admission"]))[1]
+    assert sorted(merged["keys"].tolist()) == [1, 2, 3, 10, 11, 110, 111]
+    assert meta["bounded"]["clock"] == 2

@@ -213,10 +213,25 @@ def gathered_table_state(var):
         raise RuntimeError(f"table {var.name!r}: the ranks' parts have different optimizer "
                            "slot columns; cannot merge them into one file")
     meta = dict(filled[0], size=int(sum(m["size"] for m in metas)))
+    _merge_extras(meta, metas)
     return {"keys": np.concatenate([s["keys"] for s in every]),
             "values": np.concatenate([s["values"] for s in every]),
             "columns": json.dumps(meta),
             "column_bytes": np.concatenate([s["column_bytes"] for s in every])}
+
+
+def _merge_extras(meta, metas):
+    """The ranks' bounded clocks (the latest) and admission filters (merged: see
+    ``numbaemb.admission.merge``) into the one-process state ``meta``."""
+    from numbaemb import admission
+    from ..checkpoint import decode_filter, encode_filter
+    bounded = [m["bounded"] for m in metas if "bounded" in m]
+    if bounded:
+        meta["bounded"] = dict(bounded[0], clock=max(b["clock"] for b in bounded),
+                               last_step=max(b["last_step"] for b in bounded))
+    filters = [decode_filter(m["admission"]) for m in metas if "admission" in m]
+    if filters:
+        meta["admission"] = encode_filter(admission.merge(filters))
 
 
 def _adopt(var, loaded):
