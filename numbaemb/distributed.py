@@ -260,11 +260,11 @@ class DistributedVariable(Variable):
             return self._read("lookup", keys, self.local.lookup)
         return self._rows_and_flags("lookup", keys, self.local.lookup, first_only=False)
 
-    def _rows_and_flags(self, op, keys, local_fn, first_only):
+    def _rows_and_flags(self, op, keys, local_fn, first_only, arg=True):
         """Rows and ``exists`` flags of ``keys`` from ``local_fn(keys, return_exists=True)``
         on the owners; ``first_only``: repeats of a key in the batch report True."""
         with self._comm.lock:
-            (keys, p), rc = self._begin(op, lambda: self._keys_plan(keys), True)
+            (keys, p), rc = self._begin(op, lambda: self._keys_plan(keys), arg)
             c = self._comm
             recv = c.alltoallv(p.send_keys, p.counts, rc)
             rows, found = self._local(local_fn, recv, return_exists=True)
@@ -298,14 +298,37 @@ class DistributedVariable(Variable):
         """Collective ``Variable.find_or_insert``; with ``return_exists``, only a new
         key's first occurrence in rank order (then batch order) reports absent.  A
         bounded table inserts on each owner in the order the keys reach it (rank order,
-        then first occurrence); ``return_evicted`` / ``scores`` are not supported here."""
-        if return_evicted or scores is not None:
-            raise NotImplementedError("return_evicted and scores are not supported on tables "
+        then first occurrence).  ``return_evicted`` adds what *this rank's* table evicted
+        in the call (the keys it owned and lost, to spill), as ``Variable``'s does; every
+        rank passes the same value.  ``scores`` (``evict="custom"``) are not supported
+        here yet."""
+        if scores is not None:
+            raise NotImplementedError("scores (evict='custom') are not supported on tables "
                                       "split across MPI ranks yet")
-        if not return_exists:
-            return self._read("find_or_insert", keys, self.local.find_or_insert)
-        return self._rows_and_flags("find_or_insert", keys, self.local.find_or_insert,
-                                    first_only=True)
+        if return_evicted not in (False, True, "columns"):
+            raise ValueError(f"return_evicted must be False, True or 'columns', got "
+                             f"{return_evicted!r}")
+        if return_evicted and self.max_capacity is None:
+            raise ValueError("return_evicted is for bounded tables (max_capacity)")
+        evicted = []
+
+        def local(k, return_exists=False):
+            out = self.local.find_or_insert(k, return_exists=return_exists,
+                                            return_evicted=return_evicted)
+            if not return_evicted:
+                return out
+            evicted.extend(out[-2:])
+            return out[0] if len(out) == 3 else out[:2]
+
+        if not return_exists:     # (arg: every rank must ask for the evictions alike)
+            out = (self._read("find_or_insert", keys, local,
+                              f"return_evicted={return_evicted!r}" if return_evicted else 0),)
+        else:
+            out = self._rows_and_flags("find_or_insert", keys, local, first_only=True,
+                                       arg=f"return_evicted={return_evicted!r}"
+                                       if return_evicted else True)
+        out = tuple(out) + tuple(evicted)
+        return out[0] if len(out) == 1 else out
 
     def upsert(self, keys, values):
         """Collective ``Variable.upsert``: for a key sent by several ranks (or repeated

@@ -139,3 +139,17 @@ def test_loading_more_keys_than_a_ranks_capacity_is_refused(tmp_path_factory):
     with pytest.raises(ValueError, match="max_capacity"):
         ne.Variable.load(d)
     COMM.Barrier()
+
+
+def test_return_evicted_gives_each_rank_what_its_table_evicted():
+    kw = dict(max_capacity=25, evict="lru", evict_window=8, initializer=INIT)
+    v = ne.Variable(3, comm=COMM, name="evicting_split", **kw)
+    oracle = ne.Variable(3, **kw)
+    for call in range(8):
+        rows, exists, ev_keys, ev_vals = v.find_or_insert(batch(call, RANK), return_exists=True,
+                                                          return_evicted=True)
+        _, o_keys, o_vals = oracle.find_or_insert(received(call), return_evicted=True)
+        agree(np.array_equal(ev_keys, o_keys) and np.array_equal(ev_vals, o_vals), call)
+        agree(rows.shape == (batch(call, RANK).shape[0], 3) and exists.dtype == bool)
+    _, cols = v.find_or_insert(batch(9, RANK), return_evicted="columns")[1:]
+    agree(set(cols) >= {"values", "score"}, sorted(cols))
