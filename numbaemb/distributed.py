@@ -113,9 +113,6 @@ class DistributedVariable(Variable):
 
     def _build(self, dim, world, key_dtype, value_dtype, num_shards, partitioner, name,
                initializer, init_size, seed, device, max_hbm_bytes, bounds):
-        if bounds.get("evict") == "custom" and bounds.get("max_capacity") is not None:
-            raise NotImplementedError("evict='custom' (scores given per call) is not supported "
-                                      "on tables split across MPI ranks yet")
         if device != "cpu" or max_hbm_bytes is not None:
             raise NotImplementedError("distributed tables live on the CPU so far "
                                       f"(device={device!r}, max_hbm_bytes={max_hbm_bytes!r})")
@@ -277,6 +274,38 @@ class DistributedVariable(Variable):
                 exists = back[p.slot]
             return out, exists.reshape(keys.shape)
 
+    def _scored(self, keys, scores, local_fn, return_exists, return_evicted, arg):
+        """``find_or_insert`` whose owners get each key's score (or None) with it:
+        ``(rows,)`` or ``(rows, exists)`` (first occurrence in rank order absent).  The
+        arguments are checked inside the exchange: a bad one raises on every rank."""
+        def prepare():
+            if return_evicted not in (False, True, "columns"):
+                raise ValueError(f"return_evicted must be False, True or 'columns', got "
+                                 f"{return_evicted!r}")
+            if return_evicted and self.max_capacity is None:
+                raise ValueError("return_evicted is for bounded tables (max_capacity)")
+            (k, p), counts = self._keys_plan(keys)
+            sc = self.local._check_scores(scores, k.shape)    # the owner's check, made here
+            send = None
+            if sc is not None:
+                send = np.empty((p.send_keys.shape[0], 1), np.int64)
+                assign_rows(send, p.slot, sc.reshape(-1, 1), numba.get_num_threads())  # last wins
+            return (k, p, send), counts
+
+        with self._comm.lock:
+            (k, p, send), rc = self._begin("find_or_insert", prepare, arg)
+            c = self._comm
+            recv = c.alltoallv(p.send_keys, p.counts, rc)
+            kw = {} if send is None else {"scores": c.alltoallv(send, p.counts, rc)[:, 0]}
+            if not return_exists:
+                return (self._back(self._local(local_fn, recv, **kw), rc, p, k.shape),)
+            rows, found = self._local(local_fn, recv, return_exists=True, **kw)
+            out = self._back(rows, rc, p, k.shape)
+            back = c.alltoallv(found, rc, p.counts)
+            exists = np.empty(p.slot.shape[0], np.bool_)
+            first_flags(p.inverse, p.slot, back, exists)
+            return out, exists.reshape(k.shape)
+
     def size(self, index=None) -> int:
         """Keys in the whole table (collective), or in local shard ``index`` of this rank."""
         if index is not None:
@@ -299,34 +328,28 @@ class DistributedVariable(Variable):
         key's first occurrence in rank order (then batch order) reports absent.  A
         bounded table inserts on each owner in the order the keys reach it (rank order,
         then first occurrence).  ``return_evicted`` adds what *this rank's* table evicted
-        in the call (the keys it owned and lost, to spill), as ``Variable``'s does; every
-        rank passes the same value.  ``scores`` (``evict="custom"``) are not supported
-        here yet."""
-        if scores is not None:
-            raise NotImplementedError("scores (evict='custom') are not supported on tables "
-                                      "split across MPI ranks yet")
-        if return_evicted not in (False, True, "columns"):
-            raise ValueError(f"return_evicted must be False, True or 'columns', got "
-                             f"{return_evicted!r}")
-        if return_evicted and self.max_capacity is None:
-            raise ValueError("return_evicted is for bounded tables (max_capacity)")
+        in the call (the keys it owned and lost, to spill), as ``Variable``'s does.
+        ``scores`` (``evict="custom"``, ``keys.shape``) travel with the keys: a key's
+        score is its last position's, then the last rank's (as one process fed the
+        batches in rank order).  Every rank passes the same ``return_exists`` /
+        ``return_evicted`` and gives scores or not alike."""
         evicted = []
 
-        def local(k, return_exists=False):
+        def local(k, return_exists=False, scores=None):
             out = self.local.find_or_insert(k, return_exists=return_exists,
-                                            return_evicted=return_evicted)
+                                            return_evicted=return_evicted, scores=scores)
             if not return_evicted:
                 return out
             evicted.extend(out[-2:])
             return out[0] if len(out) == 3 else out[:2]
 
-        if not return_exists:     # (arg: every rank must ask for the evictions alike)
-            out = (self._read("find_or_insert", keys, local,
-                              f"return_evicted={return_evicted!r}" if return_evicted else 0),)
-        else:
-            out = self._rows_and_flags("find_or_insert", keys, local, first_only=True,
-                                       arg=f"return_evicted={return_evicted!r}"
-                                       if return_evicted else True)
+        if scores is None and not return_evicted:      # the plain exchange (arguments as before)
+            out = ((self._read("find_or_insert", keys, local),) if not return_exists else
+                   self._rows_and_flags("find_or_insert", keys, local, first_only=True))
+        else:            # arg: every rank must ask alike (else every rank raises, none hangs)
+            out = self._scored(keys, scores, local, return_exists, return_evicted,
+                               f"exists={return_exists}, evicted={return_evicted!r}, "
+                               f"scores={scores is not None}")
         out = tuple(out) + tuple(evicted)
         return out[0] if len(out) == 1 else out
 

@@ -411,19 +411,26 @@ class Variable:
         """The epoch set by :meth:`set_epoch`, else the last optimizer step (0 before)."""
         return self._last_step if self._epoch is None else self._epoch
 
+    def _check_scores(self, scores, shape):
+        """``scores`` (custom eviction scores of keys of ``shape``) as flat int64; None
+        stays None; ValueError for a table that takes none."""
+        if scores is None:
+            return None
+        if self.max_capacity is None:
+            raise ValueError("scores are for bounded tables (max_capacity, evict='custom')")
+        if self.evict != "custom":
+            raise ValueError(f"scores are for evict='custom', this table's is {self.evict!r}")
+        scores = _checks.flat_int64(_checks.as_keys(scores, np.dtype(np.int64), "scores"))
+        if scores.shape[0] != int(np.prod(shape, dtype=np.int64)):
+            raise ValueError(f"scores must have the shape of keys {tuple(shape)}")
+        return scores
+
     def _bound_kw(self, scores, shape):
         """Keyword arguments of a bounded shard's inserting call (caller holds the write
         lock; each call is one tick of the LRU clock); ``{}`` for other tables."""
+        scores = self._check_scores(scores, shape)
         if self.max_capacity is None:
-            if scores is not None:
-                raise ValueError("scores are for bounded tables (max_capacity, evict='custom')")
             return {}
-        if scores is not None:
-            if self.evict != "custom":
-                raise ValueError(f"scores are for evict='custom', this table's is {self.evict!r}")
-            scores = _checks.flat_int64(_checks.as_keys(scores, np.dtype(np.int64), "scores"))
-            if scores.shape[0] != int(np.prod(shape, dtype=np.int64)):
-                raise ValueError(f"scores must have the shape of keys {tuple(shape)}")
         self._clock += 1
         return dict(scores=scores, epoch=self.epoch, clock=self._clock)
 

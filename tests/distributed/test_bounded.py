@@ -153,3 +153,31 @@ def test_return_evicted_gives_each_rank_what_its_table_evicted():
         agree(rows.shape == (batch(call, RANK).shape[0], 3) and exists.dtype == bool)
     _, cols = v.find_or_insert(batch(9, RANK), return_evicted="columns")[1:]
     agree(set(cols) >= {"values", "score"}, sorted(cols))
+
+
+def test_custom_scores_travel_with_their_keys():
+    """evict='custom': each key's score reaches its owner (a rank's last position, the
+    last rank's), so the owners evict as the oracle fed the same scores does."""
+    kw = dict(max_capacity=25, evict="custom", evict_window=8, initializer=INIT)
+    v = ne.Variable(3, comm=COMM, name="custom_split", **kw)
+    oracle = ne.Variable(3, **kw)
+
+    def score(ids, call):                     # a function of the key: repeats agree
+        return (ids * 7919 + call) % 1000
+
+    for call in range(8):
+        ids = batch(call, RANK)
+        v.find_or_insert(ids, scores=score(ids, call))
+        seq = received(call)
+        oracle.find_or_insert(seq, scores=score(seq, call))
+    agree(same_table(v, oracle) and v.local_size() <= 25)
+
+
+def test_mismatched_eviction_arguments_raise_on_every_rank():
+    import pytest
+    v = ne.Variable(2, comm=COMM, name="mismatch_split", max_capacity=10)
+    with pytest.raises(ValueError):           # only rank 0 asks for the evictions
+        v.find_or_insert(np.arange(3), return_evicted=RANK == 0)
+    with pytest.raises(ValueError, match="custom"):   # scores on an "lru" table: everywhere
+        v.find_or_insert(np.arange(3), scores=np.ones(3, np.int64))
+    agree(v.size() == 0)
