@@ -72,21 +72,6 @@ def touched(policy, old, given, epoch, clock, fresh, keep):
 
 
 @njit(nogil=True, cache=True)
-def _place(slots, mask, key, row):
-    """Put absent ``key`` in the first tombstone or empty slot of its probe sequence;
-    returns ``(slot, whether it was a tombstone)``."""
-    s = first_slot(key, mask)
-    for _ in range(mask + 1):
-        w = slots[2 * s + 1]
-        if w == EMPTY or w == DELETED:
-            slots[2 * s] = key
-            slots[2 * s + 1] = row
-            return s, w == DELETED
-        s = next_slot(s, mask)
-    return -1, False
-
-
-@njit(nogil=True, cache=True)
 def _find(slots, mask, key):
     s = first_slot(key, mask)
     for _ in range(mask + 1):
@@ -97,6 +82,25 @@ def _find(slots, mask, key):
             return s
         s = next_slot(s, mask)
     return -1
+
+
+@njit(nogil=True, cache=True)
+def _probe(slots, mask, key):
+    """One pass along ``key``'s probe sequence: ``(its slot or -1, the first tombstone
+    or empty slot before an empty one ends the sequence)``: where an absent key goes."""
+    s = first_slot(key, mask)
+    free = np.int64(-1)
+    for _ in range(mask + 1):
+        w = slots[2 * s + 1]
+        if w == EMPTY:
+            return np.int64(-1), (s if free < 0 else free)
+        if w == DELETED:
+            if free < 0:
+                free = s
+        elif slots[2 * s] == key:
+            return s, free
+        s = next_slot(s, mask)
+    return np.int64(-1), free
 
 
 @njit(nogil=True, cache=True)
@@ -178,7 +182,11 @@ def bounded_insert(slots, mask, keys, given, scores, meta, batch, rows, where, i
                     prefetch_write(meta, off)
         key = keys[i]
         inserted[i] = False
-        s = where[i] if rows[i] >= 0 else _find(slots, mask, key)  # (a repeat of a new key)
+        free = np.int64(-1)
+        if rows[i] >= 0:
+            s = where[i]
+        else:                       # absent at the call's start, or a repeat of a new key:
+            s, free = _probe(slots, mask, key)     # and where it would go (one pass)
         if s >= 0:
             r = slots[2 * s + 1]
             rows[i] = r
@@ -201,9 +209,14 @@ def bounded_insert(slots, mask, keys, given, scores, meta, batch, rows, where, i
             n_ev += 1
             slots[2 * v + 1] = DELETED
             d_deleted += 1
-        p, tomb = _place(slots, mask, key, r)
-        if tomb:
+            h = first_slot(key, mask)           # the victim's slot, if it comes first
+            if ((v - h) & mask) < ((free - h) & mask):
+                free = v
+        p = free
+        if slots[2 * p + 1] == DELETED:
             d_deleted -= 1
+        slots[2 * p] = key
+        slots[2 * p + 1] = r
         meta[p, 0] = score
         meta[p, 1] = batch
         scores[r] = score
