@@ -318,13 +318,11 @@ def patch_for_breakdown(timers):
     w(tv.Variable, "_np_lookup", "forward: table lookup (probe, rows copied out, initial rows of absent ids)")
     w(lk, "gather_rows", "forward: spread rows to positions (Numba)")
     w(lk, "segment_sum_into", "backward: segment-sum per distinct id (Numba)")
-    w(ne_opt, "unique_inverse", "apply: unique + segment-sum (skipped if keys distinct)")
-    w(ne_opt, "segment_sum", "apply: unique + segment-sum (skipped if keys distinct)")
+    w(ne_opt, "unique_inverse", "apply: unique + segment-sum (of the lookup's gradient rows, fused)")
+    w(ne_opt, "segment_sum", "apply: unique + segment-sum (of the lookup's gradient rows, fused)")
     w(cpu_table, "find_or_insert_rows", "apply: find_or_insert (probe, insert)")
     w(cpu_table, "init_rows", "apply: initial rows of new ids (other columns, draws)")
-    w(jk, "adam_rows", "apply: Adam row update (new rows started and, fused, gradient rows "
-                       "summed in the same pass)")
-    w(ne_opt, "group_positions", "apply: positions grouped by id (fused path)")
+    w(jk, "adam_rows", "apply: Adam row update (new rows started in the same pass)")
     # the python function inside each tf.numpy_function (to get the hand-off)
     for mod in (lk, tv, op):
         orig = mod.numpy_call
@@ -412,12 +410,10 @@ def breakdown_rows(mine, ops, fn_ms, step_ms):
         add(label, mine.get(label, 0.0))
     add("backward: segment-sum per distinct id (Numba)",
         mine.get("backward: segment-sum per distinct id (Numba)", 0.0))
-    apply_labels = ("apply: unique + segment-sum (skipped if keys distinct)",
+    apply_labels = ("apply: unique + segment-sum (of the lookup's gradient rows, fused)",
                     "apply: find_or_insert (probe, insert)",
                     "apply: initial rows of new ids (other columns, draws)",
-                    "apply: positions grouped by id (fused path)",
-                    "apply: Adam row update (new rows started and, fused, gradient rows "
-                    "summed in the same pass)")
+                    "apply: Adam row update (new rows started in the same pass)")
     for label in apply_labels:
         add(label, mine.get(label, 0.0))
     apply_py = sum(v for k, v in mine.items() if k.startswith("py:") and k.endswith("_apply"))

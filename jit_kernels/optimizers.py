@@ -14,12 +14,7 @@ read or written: pass any row of the right type, e.g. ``w``.
 
 Each ``*_rows`` driver applies its body to ``values[rows[i]]`` with gradient
 ``grads[i]`` for every i; ``rows`` must be distinct (one update per unique
-id).  Given ``groups=(order, starts)`` instead, ``grads`` holds one row per
-*position* of a batch and row ``i``'s gradient is the sum of
-``grads[order[starts[i]:starts[i + 1]]]`` (:func:`jit_kernels.segment.group_positions`),
-added in that order from zero, in the same pass as the update: the segment-sum
-of a backward pass fused with the optimizer, with no ``(n_unique, d)`` array of
-sums written and read back (the same bits as ``segment_sum`` then the update).  Shapes: ``values`` and slots (row_capacity, d); ``rows`` (n,) int64;
+id).  Shapes: ``values`` and slots (row_capacity, d); ``rows`` (n,) int64;
 ``grads`` (n, d).  A driver runs in parallel (``prange``) from
 ``PARALLEL_MIN / ROW_COST`` rows on (1,024 by default), below that its serial
 twin (the same Python function compiled with ``parallel=False``; see
@@ -42,12 +37,9 @@ from .cpu_table import prefetch_row
 from .halfs import compute_cast, load, store
 from .segment import ROW_COST, serial_twin, threads_for
 
-CHUNK = 64          # rows a driver hands a thread at a time (one gradient scratch row each)
-
 _row = dict(nogil=True, cache=True, inline="always", error_model="numpy")
 ROWS_AHEAD = 8      # rows requested ahead of their update (see ``_prefetch``)
 _drv = dict(parallel=True, nogil=True, cache=True, error_model="numpy")
-_NO_GROUPS = np.empty(0, np.int64)
 
 
 @njit(**_row)
@@ -149,32 +141,6 @@ def _prefetch(rows, i, a, b, c, d):
         prefetch_row(d, r, True)
 
 
-@njit(nogil=True, cache=True, inline="always")
-def _grad(grads, i, order, starts, acc):
-    """Row ``i``'s gradient: ``grads[i]``, or with groups (``starts`` non-empty) the sum
-    of its positions' rows ``grads[order[starts[i]:starts[i + 1]]]`` into ``acc``,
-    from zero in that order (``segment_sum``'s bits), requesting the next one ahead."""
-    if starts.shape[0] == 0:
-        return grads[i]
-    for c in range(acc.shape[0]):
-        acc[c] = 0
-    lo, hi = starts[i], starts[i + 1]
-    for p in range(lo, hi):
-        if p + 2 < hi:
-            prefetch_row(grads, order[p + 2], False)
-        q = order[p]
-        for c in range(acc.shape[0]):
-            acc[c] += grads[q, c]
-    return acc
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _span(t, n):
-    """Rows ``[lo, hi)`` of chunk ``t`` of ``n`` rows (``t``: a ``prange`` index)."""
-    lo = np.int64(t) * CHUNK
-    return lo, min(np.int64(n), lo + CHUNK)
-
-
 @njit(nogil=True, cache=True, error_model="numpy")
 def start_row(w, w0, a, b, c, s0):
     """A new row's starting values, written just before its first update: slots ``a``,
@@ -191,82 +157,57 @@ def start_row(w, w0, a, b, c, s0):
 
 
 @njit(**_drv)
-def _sgd_rows(values, m, rows, grads, lr, momentum, nesterov, fresh, w0, s0, order, starts, scratch):
-    n = rows.shape[0]
-    for t in prange((n + CHUNK - 1) // CHUNK):
-        gbuf = scratch[t]
-        lo, hi = _span(t, n)
-        for i in range(lo, hi):
-            _prefetch(rows, i, values, m, values, values)
-            r = rows[i]
-            g = _grad(grads, i, order, starts, gbuf)
-            if fresh[i]:
-                start_row(values[r], w0[i], m[r], values[r], values[r], s0)
-            sgd_row(values[r], m[r], g, lr, momentum, nesterov)
+def _sgd_rows(values, m, rows, grads, lr, momentum, nesterov, fresh, w0, s0):
+    for i in prange(rows.shape[0]):
+        _prefetch(rows, i, values, m, values, values)
+        r = rows[i]
+        if fresh[i]:
+            start_row(values[r], w0[i], m[r], values[r], values[r], s0)
+        sgd_row(values[r], m[r], grads[i], lr, momentum, nesterov)
 
 
 @njit(**_drv)
-def _adagrad_rows(values, acc, rows, grads, lr, epsilon, fresh, w0, s0, order, starts, scratch):
-    n = rows.shape[0]
-    for t in prange((n + CHUNK - 1) // CHUNK):
-        gbuf = scratch[t]
-        lo, hi = _span(t, n)
-        for i in range(lo, hi):
-            _prefetch(rows, i, values, acc, values, values)
-            r = rows[i]
-            g = _grad(grads, i, order, starts, gbuf)
-            if fresh[i]:
-                start_row(values[r], w0[i], acc[r], values[r], values[r], s0)
-            adagrad_row(values[r], acc[r], g, lr, epsilon)
+def _adagrad_rows(values, acc, rows, grads, lr, epsilon, fresh, w0, s0):
+    for i in prange(rows.shape[0]):
+        _prefetch(rows, i, values, acc, values, values)
+        r = rows[i]
+        if fresh[i]:
+            start_row(values[r], w0[i], acc[r], values[r], values[r], s0)
+        adagrad_row(values[r], acc[r], grads[i], lr, epsilon)
 
 
 @njit(**_drv)
 def _adam_rows(values, m, v, vhat, rows, grads, alpha, beta_1, beta_2, epsilon, amsgrad,
-               fresh, w0, s0, order, starts, scratch):
-    n = rows.shape[0]
-    for t in prange((n + CHUNK - 1) // CHUNK):
-        gbuf = scratch[t]
-        lo, hi = _span(t, n)
-        for i in range(lo, hi):
-            _prefetch(rows, i, values, m, v, vhat)
-            r = rows[i]
-            g = _grad(grads, i, order, starts, gbuf)
-            if fresh[i]:
-                start_row(values[r], w0[i], m[r], v[r], vhat[r], s0)
-            adam_row(values[r], m[r], v[r], vhat[r], g, alpha, beta_1, beta_2, epsilon, amsgrad)
+               fresh, w0, s0):
+    for i in prange(rows.shape[0]):
+        _prefetch(rows, i, values, m, v, vhat)
+        r = rows[i]
+        if fresh[i]:
+            start_row(values[r], w0[i], m[r], v[r], vhat[r], s0)
+        adam_row(values[r], m[r], v[r], vhat[r], grads[i], alpha, beta_1, beta_2, epsilon, amsgrad)
 
 
 @njit(**_drv)
 def _ftrl_rows(values, acc, linear, rows, grads, lr, lr_power, l1, l2, l2_shrinkage, beta,
-               fresh, w0, s0, order, starts, scratch):
-    n = rows.shape[0]
-    for t in prange((n + CHUNK - 1) // CHUNK):
-        gbuf = scratch[t]
-        lo, hi = _span(t, n)
-        for i in range(lo, hi):
-            _prefetch(rows, i, values, acc, linear, values)
-            r = rows[i]
-            g = _grad(grads, i, order, starts, gbuf)
-            if fresh[i]:
-                start_row(values[r], w0[i], acc[r], linear[r], values[r], s0)
-            ftrl_row(values[r], acc[r], linear[r], g, lr, lr_power, l1, l2, l2_shrinkage, beta)
+               fresh, w0, s0):
+    for i in prange(rows.shape[0]):
+        _prefetch(rows, i, values, acc, linear, values)
+        r = rows[i]
+        if fresh[i]:
+            start_row(values[r], w0[i], acc[r], linear[r], values[r], s0)
+        ftrl_row(values[r], acc[r], linear[r], grads[i], lr, lr_power, l1, l2, l2_shrinkage, beta)
 
 
 @njit(**_drv)
 def _rmsprop_rows(values, vel, mom, avg, rows, grads, lr, rho, momentum, epsilon, centered,
-                  fresh, w0, s0, order, starts, scratch):
-    n = rows.shape[0]
-    for t in prange((n + CHUNK - 1) // CHUNK):
-        gbuf = scratch[t]
-        lo, hi = _span(t, n)
-        for i in range(lo, hi):
-            _prefetch(rows, i, values, vel, mom, avg)
-            r = rows[i]
-            g = _grad(grads, i, order, starts, gbuf)
-            if fresh[i]:
-                start_row(values[r], w0[i], vel[r], mom[r], avg[r], s0)
-            rmsprop_row(values[r], vel[r], mom[r], avg[r], g, lr, rho, momentum, epsilon,
-                        centered)
+                  fresh, w0, s0):
+    for i in prange(rows.shape[0]):
+        _prefetch(rows, i, values, vel, mom, avg)
+        r = rows[i]
+        if fresh[i]:
+            start_row(values[r], w0[i], vel[r], mom[r], avg[r], s0)
+        rmsprop_row(values[r], vel[r], mom[r], avg[r], grads[i], lr, rho, momentum, epsilon,
+                    centered)
 
 
 def _driver(parallel, rows_arg):
@@ -277,33 +218,20 @@ def _driver(parallel, rows_arg):
     row ``rows[i]`` with ``fresh[i]`` gets weights ``w0[i]`` and slots ``s0`` just
     before its update, so a new row is written once, not once per column and
     again by the update.  Without ``fresh`` every row is updated as it is.
-    ``groups=(order (m,), starts (n + 1,))`` int64: ``grads`` is (m, d), one row per
-    position, summed per row in the pass (see the module docstring).
     """
     serial = serial_twin(parallel)
     name = parallel.py_func.__name__[1:]
 
-    def run(*args, fresh=None, w0=None, s0=(), groups=None):
-        n, grads = args[rows_arg].shape[0], args[rows_arg + 1]
+    def run(*args, fresh=None, w0=None, s0=()):
+        n = args[rows_arg].shape[0]
         if fresh is None:
-            fresh, w0 = np.zeros(n, np.bool_), grads
+            fresh, w0 = np.zeros(n, np.bool_), args[rows_arg + 1]
         s0 = tuple(float(x) for x in s0) + (0.0,) * (3 - len(s0))
-        if groups is None:
-            order = starts = _NO_GROUPS
-        else:
-            order, starts = groups
-            if starts.shape[0] != n + 1:
-                raise ValueError(f"groups: starts must have {n + 1} entries (one more than "
-                                 f"rows), got {starts.shape[0]}")
-        # a gradient row of scratch a chunk (read only with groups)
-        scratch = np.empty(((n + CHUNK - 1) // CHUNK, grads.shape[1]), grads.dtype)
-        (serial if threads_for(n, ROW_COST) == 1 else parallel)(
-            *args, fresh, w0, s0, order, starts, scratch)
+        (serial if threads_for(n, ROW_COST) == 1 else parallel)(*args, fresh, w0, s0)
 
     run.__name__ = run.__qualname__ = name
     run.__doc__ = (f"``{name[:-5]}_row`` on every row of ``rows`` (see the module docstring); "
-                   f"``fresh``, ``w0``, ``s0`` start new rows (see ``_driver``); "
-                   f"``groups=(order, starts)`` sums per-position gradients in the pass.")
+                   f"``fresh``, ``w0``, ``s0`` start new rows (see ``_driver``).")
     run.parallel, run.serial = parallel, serial
     return run
 

@@ -50,7 +50,7 @@ from .cpu_table import find_or_insert_rows
 from .hashing import hash_key
 from .slots import empty_slots
 
-__all__ = ["unique_inverse", "segment_sum", "segment_sum_into", "group_positions", "gather_rows",
+__all__ = ["unique_inverse", "segment_sum", "segment_sum_into", "gather_rows",
            "serial_twin", "threads_for", "PARALLEL_MIN", "ROW_COST"]
 
 _opts = dict(parallel=True, nogil=True, cache=True)
@@ -239,33 +239,6 @@ def _segment_sum_owned(values, inverse, out, n_threads):
             if u % n_threads == t:
                 for c in range(d):
                     out[u, c] += values[i, c]
-
-
-@njit(nogil=True, cache=True)
-def group_positions(inverse, n_unique):
-    """Positions grouped by id: ``(order (n,), starts (n_unique + 1,))`` int64, the
-    positions ``i`` with ``inverse[i] == u`` being ``order[starts[u]:starts[u + 1]]``
-    in increasing order (a counting sort: two passes over ``inverse``).  The groups
-    the optimizer drivers sum a backward pass's rows by
-    (:mod:`jit_kernels.optimizers`, ``groups=``).
-
-    >>> order, starts = group_positions(np.array([1, 0, 1, 2]), 3)
-    >>> order.tolist(), starts.tolist()
-    ([1, 0, 2, 3], [0, 1, 3, 4])
-    """
-    n = inverse.shape[0]
-    starts = np.zeros(n_unique + 1, np.int64)
-    for i in range(n):
-        starts[inverse[i] + 1] += 1
-    for u in range(n_unique):
-        starts[u + 1] += starts[u]
-    cursor = starts[:-1].copy()
-    order = np.empty(n, np.int64)
-    for i in range(n):
-        u = inverse[i]
-        order[cursor[u]] = i
-        cursor[u] += 1
-    return order, starts
 
 
 def gather_rows(rows, inverse, out):

@@ -23,7 +23,7 @@ import numba
 import numpy as np
 
 from jit_kernels import optimizers as _k
-from jit_kernels.segment import group_positions, segment_sum, unique_inverse
+from jit_kernels.segment import segment_sum, unique_inverse
 
 from . import _checks
 from .admission import admitted
@@ -78,11 +78,9 @@ class Optimizer:
         and its bool option, at learning rate ``lr`` and 1-based ``step``."""
         raise NotImplementedError
 
-    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None, groups=None):
+    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None):
         """Update ``values[rows[i]]`` and its slot rows by ``grads[i]``; rows with
-        ``fresh[i]`` start from weights ``w0[i]`` and initial slots in the same pass.
-        ``groups=(order, starts)``: ``grads`` per position, summed per row in the pass
-        (:mod:`jit_kernels.optimizers`)."""
+        ``fresh[i]`` start from weights ``w0[i]`` and initial slots in the same pass."""
         raise NotImplementedError
 
 
@@ -108,9 +106,9 @@ class SGD(Optimizer):
         return ("sgd", ["momentum" if self.momentum != 0 else None, None, None],
                 (lr, self.momentum), self.nesterov)
 
-    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None, groups=None):
+    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None):
         _k.sgd_rows(values, cols.get("momentum", values), rows, grads, lr, self.momentum,
-                    self.nesterov, fresh=fresh, w0=w0, groups=groups)
+                    self.nesterov, fresh=fresh, w0=w0)
 
 
 @dataclass(frozen=True)
@@ -128,9 +126,9 @@ class Adagrad(Optimizer):
     def _rule(self, lr, step, dtype):
         return "adagrad", ["accumulator", None, None], (lr, self.epsilon), False
 
-    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None, groups=None):
+    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None):
         _k.adagrad_rows(values, cols["accumulator"], rows, grads, lr, self.epsilon,
-                        fresh=fresh, w0=w0, groups=groups, s0=(self.initial_accumulator_value,))
+                        fresh=fresh, w0=w0, s0=(self.initial_accumulator_value,))
 
 
 @dataclass(frozen=True)
@@ -160,10 +158,10 @@ class Adam(Optimizer):
                 (self.step_size(lr, step, dtype), self.beta_1, self.beta_2, self.epsilon),
                 self.amsgrad)
 
-    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None, groups=None):
+    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None):
         alpha = self.step_size(lr, step, _checks.storage_compute_dtype(values.dtype))
         _k.adam_rows(values, cols["m"], cols["v"], cols.get("vhat", values), rows, grads, alpha,
-                     self.beta_1, self.beta_2, self.epsilon, self.amsgrad, fresh=fresh, w0=w0, groups=groups)
+                     self.beta_1, self.beta_2, self.epsilon, self.amsgrad, fresh=fresh, w0=w0)
 
 
 @dataclass(frozen=True)
@@ -192,12 +190,12 @@ class Ftrl(Optimizer):
                  self.l2_regularization_strength, self.l2_shrinkage_regularization_strength,
                  self.beta), False)
 
-    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None, groups=None):
+    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None):
         _k.ftrl_rows(values, cols["accumulator"], cols["linear"], rows, grads, lr,
                      self.learning_rate_power, self.l1_regularization_strength,
                      self.l2_regularization_strength,
                      self.l2_shrinkage_regularization_strength, self.beta,
-                     fresh=fresh, w0=w0, groups=groups, s0=(self.initial_accumulator_value, 0.0))
+                     fresh=fresh, w0=w0, s0=(self.initial_accumulator_value, 0.0))
 
 
 @dataclass(frozen=True)
@@ -221,10 +219,10 @@ class RMSprop(Optimizer):
                             "average_gradient" if self.centered else None],
                 (lr, self.rho, self.momentum, self.epsilon), self.centered)
 
-    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None, groups=None):
+    def _update(self, values, cols, rows, grads, lr, step, fresh=None, w0=None):
         _k.rmsprop_rows(values, cols["velocity"], cols.get("momentum", values),
                         cols.get("average_gradient", values), rows, grads, lr, self.rho,
-                        self.momentum, self.epsilon, self.centered, fresh=fresh, w0=w0, groups=groups)
+                        self.momentum, self.epsilon, self.centered, fresh=fresh, w0=w0)
 
 
 def _check(variable, optimizer):
@@ -297,11 +295,11 @@ def apply_gradients(variable, optimizer, ids, grads, *, step, learning_rate=None
       inverse: optional (n,) int array: ``ids`` (u,) are distinct and ``grads`` is
         (n, dim), one row per position of a batch whose position ``i`` looked up
         ``ids[inverse[i]]`` (a backward pass's output gradient, with the forward's
-        ``unique_inverse``).  The rows are summed per id, in position order, in the
-        update's own pass (no array of sums is written): the same result as
-        ``apply_gradients(ids, segment_sum(grads, inverse, u), assume_unique=True)``,
+        ``unique_inverse``).  The rows are summed per id in position order inside this
+        call: ``apply_gradients(ids, segment_sum(grads, inverse, u), assume_unique=True)``,
         bit for bit (rows are cast to the table's compute dtype first, as ``grads``
-        always are).  An id without a position gets a zero gradient.
+        always are), with no separate op and hand-off in a TF step (a CUDA table sums
+        them in its update kernel).  An id without a position gets a zero gradient.
     Raises:
       TypeError / ValueError naming the bad argument; nothing is applied then.
     """
@@ -319,18 +317,13 @@ def apply_gradients(variable, optimizer, ids, grads, *, step, learning_rate=None
                         inverse)
         return
     keys = variable._host_keys(ids, insert=True, name="ids")
-    groups = None
-    if inverse is not None:                  # per-position rows: summed in the update pass
-        inverse = _checks.as_inverse(inverse, keys.size, "inverse")
+    if inverse is not None:                  # per-position rows: summed here, then applied
+        inverse = _checks.as_inverse(inverse, keys.size, "inverse").reshape(-1)
         g = _checks.as_values(grads, inverse.shape, variable.dim,
                               _checks.compute_dtype(variable.value_dtype), "grads")
-        g = np.ascontiguousarray(g.reshape(-1, variable.dim))
         keys = keys.reshape(-1)
         assume_unique = True
-        if _fusable(variable, delta):
-            groups = group_positions(inverse, keys.shape[0])
-        else:                                # sums first, then the usual path
-            g = segment_sum(g, inverse, keys.shape[0], numba.get_num_threads())
+        g = segment_sum(g, inverse, keys.shape[0], numba.get_num_threads())
     else:
         g = _checks.as_values(grads, keys.shape, variable.dim,
                               _checks.compute_dtype(variable.value_dtype), "grads")
@@ -379,16 +372,8 @@ def apply_gradients(variable, optimizer, ids, grads, *, step, learning_rate=None
                 fresh, w0 = (None, None) if fresh is None else (fresh[ok], w0[ok])
             cols = {name: shard.columns[optimizer.column(name)].data
                     for name, _ in optimizer.slots()}
-            optimizer._update(shard.values, cols, rows, g, lr, step, fresh, w0, groups)
+            optimizer._update(shard.values, cols, rows, g, lr, step, fresh, w0)
             mark_updated(shard, rows, step)         # (steps_to_live tables)
-
-
-def _fusable(variable, delta):
-    """Whether per-position gradients can be summed in the update pass itself: one
-    shard updated in place, no admission filter or bound (which drop ids, and so
-    their positions' rows) and no delta step (which works on sums)."""
-    return (not delta and variable.num_shards == 1 and variable.admit is None
-            and variable.max_capacity is None)
 
 
 def _add_slot_columns(variable, optimizer):

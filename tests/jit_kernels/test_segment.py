@@ -90,13 +90,3 @@ def test_segment_sum_same_bits_for_any_thread_count():
     for t in (2, 3, 16):
         np.testing.assert_array_equal(segment_sum(values, inverse, 1000, t), ref)
     np.testing.assert_array_equal(ref, naive_segment_sum(values, inverse, 1000))
-
-
-@given(st.lists(st.integers(0, 6), max_size=60), st.integers(0, 3))
-def test_group_positions_is_a_stable_counting_sort(inverse, extra):
-    inverse = np.array(inverse, np.int64)
-    u = (int(inverse.max()) + 1 if inverse.size else 0) + extra     # ids without positions too
-    order, starts = segment.group_positions(inverse, u)
-    np.testing.assert_array_equal(order, np.argsort(inverse, kind="stable"))
-    np.testing.assert_array_equal(starts, np.concatenate([[0], np.cumsum(np.bincount(
-        inverse, minlength=u))]))
