@@ -39,12 +39,12 @@ parallel.
 [[2.0, 2.0], [1.0, 1.0], [1.0, 1.0]]
 """
 import os
-import types
 
 import numba
 import numpy as np
 from numba import njit, prange
 
+from ._twins import serial_twin
 from .atomics import cas, load_acquire
 from .cpu_table import find_or_insert_rows
 from .hashing import hash_key
@@ -76,26 +76,6 @@ def threads_for(n, cost=1):
     if n * cost < PARALLEL_MIN:
         return 1
     return numba.get_num_threads()
-
-
-def serial_twin(dispatcher):
-    """The ``parallel=False`` build of a ``@njit(parallel=True)`` driver (``prange`` is
-    ``range`` there), from the same Python function.
-
-    The copy gets its own ``__qualname__`` (suffix ``__serial``): Numba's on-disk cache
-    is named by qualname and keyed by signature, not by the ``parallel`` flag, so a
-    twin under the same name would load the other build's machine code.
-    """
-    fn = dispatcher.py_func
-    twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "__serial",
-                              fn.__defaults__, fn.__closure__)
-    twin.__qualname__ = fn.__qualname__ + "__serial"
-    twin.__doc__ = fn.__doc__
-    twin.__module__ = fn.__module__
-    opts = {k: v for k, v in dispatcher.targetoptions.items()
-            if k not in ("parallel", "nopython")}
-    cached = type(dispatcher._cache).__name__ != "NullCache"
-    return njit(parallel=False, cache=cached, **opts)(twin)
 
 
 def unique_inverse(keys, out=None):

@@ -57,6 +57,8 @@ class IndexedRows:
 
     def _init_new(self, rows, keys, inserted, skip=()):
         """Initial values into every column (but ``skip``) of the rows just inserted."""
+        if isinstance(inserted, np.ndarray) and not inserted.any():
+            return                   # (a step on known ids: no kernel launch per column)
         for name, col in self.columns.items():
             if name not in skip:
                 self._kernels.init_rows(col.data, rows, keys, inserted, *col.init)

@@ -241,8 +241,11 @@ class DynamicEmbeddingOptimizer(keras.optimizers.Optimizer):
         with tf.name_scope(self.name):
             step = tf.cast(tf.convert_to_tensor(self._inner.iterations), tf.int64) + 1
             lr = tf.cast(tf.convert_to_tensor(self._inner.learning_rate), tf.float64)
-            for var, gs in dynamic.items():
-                self._apply_dynamic(var, gs, step, lr)
+            inner = self._inner
+            changes = (inner.loss_scale_factor is not None or inner.clipnorm or
+                       inner.clipvalue)
+            apply_dynamic_all(list(dynamic.items()), step, lr, self._rule, self._bp_v2,
+                              self._prepare if changes else None)
             if dense_g:
                 self._inner.apply(dense_g, dense_v)     # advances the inner iterations
             else:
@@ -250,12 +253,6 @@ class DynamicEmbeddingOptimizer(keras.optimizers.Optimizer):
             self._iterations.assign_add(1)
 
     # ---- dynamic variables --------------------------------------------------------------
-    def _apply_dynamic(self, var, grads, step, lr):
-        inner = self._inner
-        changes = (inner.loss_scale_factor is not None or inner.clipnorm or inner.clipvalue)
-        apply_dynamic(var, grads, step, lr, self._rule, self._bp_v2,
-                      self._prepare if changes else None)
-
     def _prepare(self, values):
         """Loss-scale and clipping of the wrapped optimizer, on summed per-id rows."""
         inner = self._inner
@@ -290,19 +287,50 @@ class DynamicEmbeddingOptimizer(keras.optimizers.Optimizer):
 
 # ---- one step of one dynamic variable (the Keras and the TF1 wrapper) ------------------------
 # Sum a training lookup's output gradient per id inside the optimizer's update pass (one op,
-# no (u, dim) array of sums; see _fused_step).  False: the separate sum op, as before (the
+# no (u, dim) sums tensor; see _fused_parts).  False: the separate sum op, as before (the
 # same results bit for bit; for A/B measurements).  Read when a step is traced.
 FUSED = True
+# One numpy_call a step for all of a process's tables (False: one per table, as before).
+BATCHED = True
 
-def apply_dynamic(var, grads, step, lr, rule, bp_v2=None, prepare=None):
-    """Apply ``grads`` (the ``tf.IndexedSlices`` of ``var``'s lookups) with numbaemb
-    optimizer ``rule`` at ``step`` (int64 tensor) and learning rate ``lr`` (float64
-    tensor): one ``numpy_call`` (collective for a split table).  ``prepare``: what to do
-    to the gradient rows first (loss scale, clipping).  Returns the call's result."""
+def apply_dynamic_all(items, step, lr, rule, bp_v2=None, prepare=None):
+    """Apply each ``(var, grads)`` of ``items`` (``grads``: the ``tf.IndexedSlices`` of
+    ``var``'s lookups) with numbaemb optimizer ``rule`` at ``step`` (int64 tensor) and
+    learning rate ``lr`` (float64 tensor); ``prepare``: what to do to the summed rows
+    first (loss scale, clipping).  The tables of this process go in ONE ``numpy_call``
+    (a step's hand-off into Python once, not once per table; ``BATCHED``), each table
+    split across MPI ranks in its own collective call.  Returns the calls' results."""
+    plans = [(var, *_plan(var, grads, rule, bp_v2, prepare)) for var, grads in items]
+    groups = [[p] for p in plans if p[0].distributed]
+    local = [p for p in plans if not p[0].distributed]
+    if local:
+        groups += [local] if BATCHED else [[p] for p in local]
+    out = []
+    for group in groups:
+        sizes = [len(inputs) for _, inputs, _ in group]
+
+        def run(s, r, *arrays, group=group, sizes=sizes):
+            s, r, at = int(s), float(r), 0
+            for (_, _, fn), n in zip(group, sizes):
+                fn(s, r, *arrays[at:at + n])
+                at += n
+            return ()
+
+        var = group[0][0]
+        name = f"{var.name}_apply" if len(group) == 1 else "dynamic_tables_apply"
+        out.append(numpy_call(run, [step, lr] + [x for _, inputs, _ in group for x in inputs],
+                              [], name=name, collective=var.distributed))
+    return out
+
+
+def _plan(var, grads, rule, bp_v2, prepare):
+    """``(input tensors, fn(step, lr, *arrays))`` of one table's step (checked)."""
     bp_v2 = var.bp_v2 if bp_v2 is None else bp_v2
-    fused = _fused_step(var, grads, step, lr, rule, bp_v2, prepare)
+    fused = _fused_parts(var, grads, bp_v2, prepare)
     if fused is not None:
-        return fused
+        def fused_step(s, r, k, inv, rows):
+            _step(var, rule, k, rows, s, r, False, True, inverse=inv)
+        return list(fused), fused_step
     keys, values = [], []
     for g in grads:
         if not isinstance(g, tf.IndexedSlices):
@@ -320,20 +348,17 @@ def apply_dynamic(var, grads, step, lr, rule, bp_v2=None, prepare=None):
     if prepare is not None:
         values = prepare(values)
 
-    def run(k, g, s, r):
-        _step(var, rule, k, g, int(s), float(r), bp_v2, distinct)
-        return ()
-
-    return numpy_call(run, [keys, values, step, lr], [], name=f"{var.name}_apply",
-                      collective=var.distributed)
+    def plain_step(s, r, k, g):
+        _step(var, rule, k, g, s, r, bp_v2, distinct)
+    return [keys, values], plain_step
 
 
-def _fused_step(var, grads, step, lr, rule, bp_v2, prepare):
-    """The step of one training lookup's gradient with its output gradient rows summed
-    per id in the update pass (:func:`tf_bridge.lookup.positions_of`): one op that
-    reads the ``(n, dim)`` rows, so the op that summed them is pruned.  None when the
-    gradient is not that (several lookups, eager tensors) or the rows must be summed
-    first (clipping, loss scale, bp_v2, a table split across processes)."""
+def _fused_parts(var, grads, bp_v2, prepare):
+    """``(distinct keys, inverse, output gradient rows)`` of one training lookup's
+    gradient, for a step that sums the rows itself (:func:`tf_bridge.lookup.positions_of`:
+    the op that summed them is then pruned).  None when the gradient is not that
+    (several lookups, eager tensors) or the rows must be summed first (clipping, loss
+    scale, bp_v2, a table split across processes)."""
     if not FUSED or len(grads) != 1 or prepare is not None or bp_v2 or var.distributed:
         return None
     g = grads[0]
@@ -343,12 +368,7 @@ def _fused_step(var, grads, step, lr, rule, bp_v2, prepare):
     if parts is None:
         return None
     inverse, rows = parts
-
-    def run(k, inv, r, s, lr_):
-        _step(var, rule, k, r, int(s), float(lr_), False, True, inverse=inv)
-        return ()
-
-    return numpy_call(run, [g.indices, inverse, rows, step, lr], [], name=f"{var.name}_apply")
+    return g.indices, inverse, rows
 
 
 # ---- numpy side: one call per dynamic variable per step -------------------------------------

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from numbaemb import optimizers as ne_opt
 
-from .optimizer import apply_dynamic
+from .optimizer import apply_dynamic_all
 
 __all__ = ["DynamicEmbeddingOptimizerV1", "translate_v1"]
 
@@ -114,8 +114,8 @@ class DynamicEmbeddingOptimizerV1:
             ops = [self._opt.apply_gradients(dense)] if dense else []
             lr = tf.cast(tf.convert_to_tensor(_lr(self._opt)), tf.float64)
             with tf.control_dependencies([step]):
-                for var, gs in dynamic.items():
-                    ops.append(self._apply_dynamic(var, gs, tf.identity(step), lr))
+                ops += [self._op(out) for out in apply_dynamic_all(
+                    list(dynamic.items()), tf.identity(step), lr, self._rule, self._bp_v2)]
             ops = [op for op in ops if op is not None]
             if global_step is not None:
                 with tf.control_dependencies(ops):
@@ -126,8 +126,8 @@ class DynamicEmbeddingOptimizerV1:
         grads_and_vars = self.compute_gradients(loss, var_list=var_list, **kwargs)
         return self.apply_gradients(grads_and_vars, global_step=global_step, name=name)
 
-    def _apply_dynamic(self, var, grads, step, lr):
-        out = apply_dynamic(var, grads, step, lr, self._rule, self._bp_v2)
+    @staticmethod
+    def _op(out):
         if isinstance(out, tf.Operation):
             return out
         return None if tf.executing_eagerly() else tf.group(out)

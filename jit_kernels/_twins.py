@@ -1,0 +1,53 @@
+"""Serial twins of ``prange`` drivers, and drivers that pick one by the amount of work.
+
+A parallel launch costs tens of microseconds on an idle machine and up to
+milliseconds when the cores are busy (``OMP_WAIT_POLICY=PASSIVE``: the workers
+sleep), so small batches run a serial build of the same Python function
+(:func:`serial_twin`); :class:`BySize` makes a driver that chooses per call,
+by :func:`jit_kernels.segment.threads_for` (``PARALLEL_MIN``).
+"""
+import functools
+import types
+
+from numba import njit
+
+
+def serial_twin(dispatcher):
+    """The ``parallel=False`` build of a ``@njit(parallel=True)`` driver (``prange`` is
+    ``range`` there), from the same Python function.
+
+    The copy gets its own ``__qualname__`` (suffix ``__serial``): Numba's on-disk cache
+    is named by qualname and keyed by signature, not by the ``parallel`` flag, so a
+    twin under the same name would load the other build's machine code.
+    """
+    fn = dispatcher.py_func
+    twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "__serial",
+                              fn.__defaults__, fn.__closure__)
+    twin.__qualname__ = fn.__qualname__ + "__serial"
+    twin.__doc__ = fn.__doc__
+    twin.__module__ = fn.__module__
+    opts = {k: v for k, v in dispatcher.targetoptions.items()
+            if k not in ("parallel", "nopython")}
+    cached = type(dispatcher._cache).__name__ != "NullCache"
+    return njit(parallel=False, cache=cached, **opts)(twin)
+
+
+class BySize:
+    """A parallel driver and its serial twin, called alike: the twin while the call's
+    work (``args[n_arg].shape[0]`` items, each ``args[width_arg].shape[1] // 2`` units
+    when given: a row of that width) is below ``PARALLEL_MIN``.  Other attributes are
+    the parallel dispatcher's.  Either build compiles on its first use only."""
+
+    def __init__(self, parallel, n_arg, width_arg=None):
+        self.parallel, self.serial = parallel, serial_twin(parallel)
+        self._n, self._w = n_arg, width_arg
+        functools.update_wrapper(self, parallel.py_func, updated=())
+
+    def __call__(self, *args):
+        from .segment import threads_for
+        cost = 1 if self._w is None else max(1, args[self._w].shape[1] // 2)
+        serial = threads_for(args[self._n].shape[0], cost) == 1
+        return (self.serial if serial else self.parallel)(*args)
+
+    def __getattr__(self, name):
+        return getattr(self.parallel, name)
