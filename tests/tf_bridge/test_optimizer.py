@@ -479,3 +479,30 @@ def test_clipped_steps_keep_the_separate_sum(monkeypatch):
     """Clipping acts on each id's summed row, so that step sums first (the op runs)."""
     _, ran = _fit_twice("clipped", keras.optimizers.SGD(0.1, clipvalue=0.01), monkeypatch, True)
     assert ran == 6
+
+
+def test_one_call_for_all_tables_equals_one_call_per_table(monkeypatch):
+    """BATCHED: a step applies every table of the process in one numpy_function; the
+    tables, slots and dense weights equal those of one call per table, bit for bit."""
+    import tf_bridge.optimizer as top
+
+    def fit(batched, tag):
+        monkeypatch.setattr(top, "BATCHED", batched)
+        keras.utils.set_random_seed(0)
+        inp = keras.Input((3,), dtype="int64")
+        embs = [de.keras.layers.Embedding(4, name=f"{tag}_{f}", initializer=keras.initializers
+                                          .RandomNormal(seed=f)) for f in range(3)]
+        cols = [keras.layers.Flatten()(e(inp[:, f:f + 1])) for f, e in enumerate(embs)]
+        model = keras.Model(inp, keras.layers.Dense(1)(keras.layers.Concatenate()(cols)))
+        dyn = de.DynamicEmbeddingOptimizer(keras.optimizers.Adagrad(0.1))
+        model.compile(dyn, "mse")
+        rng = np.random.default_rng(1)
+        x = rng.zipf(1.3, (96, 3)) % 40 - 20
+        model.fit(x, rng.random((96, 1)), batch_size=32, epochs=2, verbose=0, shuffle=False)
+        keys = tf.constant(np.arange(-20, 20), tf.int64)
+        return [e.params.lookup(keys).numpy() for e in embs] + [
+            dyn.get_slot(e.params, "accumulator", keys).numpy() for e in embs] + [
+            model.layers[-1].kernel.numpy()]
+
+    for a, b in zip(fit(True, "batched"), fit(False, "single")):
+        np.testing.assert_array_equal(a, b)
