@@ -345,3 +345,6 @@ find_or_insert_rows = BySize(find_or_insert_rows, 2)
 init_rows = BySize(init_rows, 2, 0)
 init_gather = BySize(init_gather, 1, 5)
 gather = BySize(gather, 1, 2)
+# (a parallel rehash places colliding keys in thread-timing order; bounded tables, whose
+# evictions depend on the index's layout, use rehash.serial: see numbaemb.bounded)
+rehash = BySize(rehash, 0)

@@ -54,6 +54,14 @@ class BoundedShard(Shard):
     def _reserve_rows(self, n_new):
         super()._reserve_rows(min(n_new, max(0, self.limit - self.n_full)))
 
+    def _rehashed(self, cap):
+        """A new index of ``cap`` slots holding this one's keys, placed serially in slot
+        order: the same layout whatever the threads do, so evictions (which depend on
+        the keys' neighbours in the index) are reproducible."""
+        new = empty_slots(cap)
+        self._kernels.rehash.serial(self.slots, new, cap - 1)
+        return new
+
     def _rehash(self, n_keys):
         """Clear the tombstones (the index keeps its size: it was made for ``limit``)."""
         self.slots = self._rehashed(self.capacity)

@@ -161,7 +161,9 @@ class _HostIO:
         pairs = np.empty(2 * keys.shape[0], np.int64)
         pairs[0::2] = keys
         pairs[1::2] = np.arange(first_row, first_row + keys.shape[0])
-        k.rehash(pairs, self.shard.slots, self.shard.mask)
+        # a bounded table's layout decides its evictions: placed serially, reproducibly
+        rehash = k.rehash.serial if hasattr(self.shard, "limit") else k.rehash
+        rehash(pairs, self.shard.slots, self.shard.mask)
         return self.shard.find_rows(keys)
 
     def rows_view(self, name, row0, n):

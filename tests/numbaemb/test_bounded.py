@@ -244,3 +244,21 @@ def test_stream_hit_rate_is_near_an_exact_lru_cache():
                 cache.popitem(last=False)
         assert v.size() <= cap
     assert hits >= 0.9 * exact > 0
+
+
+def test_evictions_do_not_depend_on_threads(monkeypatch):
+    """Tables fed the same calls evict the same keys, whatever the thread count: the
+    index is rebuilt serially (its layout decides each key's window), also with every
+    other kernel in parallel (PARALLEL_MIN = 0)."""
+    from jit_kernels import segment
+    monkeypatch.setattr(segment, "PARALLEL_MIN", 0)
+    rng = np.random.default_rng(4)
+    calls = [rng.zipf(1.2, 3000) % 20_000 for _ in range(30)]   # rehashes on the way
+    tables = [ne.Variable(2, max_capacity=500, evict="lru", evict_window=8) for _ in range(2)]
+    for ids in calls:
+        for t in tables:
+            t.find_or_insert(ids)
+    (k1, v1), (k2, v2) = (t.export() for t in tables)
+    assert k1.shape[0] == 500
+    np.testing.assert_array_equal(np.sort(k1), np.sort(k2))
+    np.testing.assert_array_equal(tables[0].shards[0].slots, tables[1].shards[0].slots)
