@@ -44,8 +44,11 @@ def _dispatchers():
         if mod is None or not name.startswith(("jit_kernels", "numbaemb")):
             continue
         for obj in vars(mod).values():
-            if isinstance(obj, Dispatcher) and obj not in out:
-                out.append(obj)
+            # a driver that picks a build by size (jit_kernels._twins.BySize, the optimizer
+            # drivers) holds its parallel and serial dispatchers
+            for d in (obj, getattr(obj, "parallel", None), getattr(obj, "serial", None)):
+                if isinstance(d, Dispatcher) and d not in out:
+                    out.append(d)
     return out
 
 

@@ -348,3 +348,4 @@ gather = BySize(gather, 1, 2)
 # (a parallel rehash places colliding keys in thread-timing order; bounded tables, whose
 # evictions depend on the index's layout, use rehash.serial: see numbaemb.bounded)
 rehash = BySize(rehash, 0)
+copy_rows = BySize(copy_rows, 0, 0)      # (the source's rows: at least the n copied)
