@@ -1,13 +1,16 @@
 """The ``embedding_lookup`` family (TFRA names), differentiable through ``tf.custom_gradient``.
 
 Forward (one ``tf.numpy_function``): the distinct ids of the batch
-(:func:`jit_kernels.segment.unique_inverse`), their rows looked up once
-(absent ids get initial values, nothing is inserted) and spread to every
-position.  Backward (one more): the output gradient summed per distinct id
-through the forward's position -> id map (``segment_sum``, no second unique),
+(:func:`jit_kernels.segment.unique_inverse`, for the backward) and every
+position's row, looked up straight into the output (absent ids get initial
+values, nothing is inserted; ``DIRECT_FORWARD = False``: the distinct ids' rows
+looked up once and spread).  Backward: the output gradient summed per distinct
+id through the forward's position -> id map (``segment_sum``, no second unique),
 returned for the variable as ``tf.IndexedSlices(values (u, dim), indices (u,))``
 whose indices are tagged distinct (:func:`is_distinct`), so the optimizer
-wrapper applies it (and inserts the ids) without a unique pass of its own.
+wrapper applies it (and inserts the ids) without a unique pass of its own.  The
+sum op is pure and tagged (:func:`positions_of`): ``DynamicEmbeddingOptimizer``
+sums the rows inside its own op instead, and the graph drops the sum op.
 
 >>> import tensorflow as tf, tf_bridge as de
 >>> v = de.Variable(dim=2, name="doc_lookup", initializer=1.0)
@@ -133,9 +136,9 @@ def _differentiable_lookup(params, ids):
 
 def unique_lookup(params, ids, handle=None):
     """Rows of ``ids`` (int64/int32 tensor, any shape) as ``ids.shape + [dim]``, from one
-    ``tf.numpy_function``: the distinct ids of the batch (Numba, first-occurrence order),
-    each looked up once (absent ids get initial values, nothing is inserted), their rows
-    spread to every position.  No ``tf.unique`` / ``tf.gather`` ops.
+    ``tf.numpy_function``: the distinct ids of the batch (Numba, first-occurrence order)
+    and every position's row (absent ids get initial values, nothing is inserted; see
+    the module docstring).  No ``tf.unique`` / ``tf.gather`` ops.
 
     With ``handle`` (the value of a trainable handle, read under the tape: a Keras
     layer's weight or ``params.trainable_handle``) the result is differentiable: the
