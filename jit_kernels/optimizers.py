@@ -16,7 +16,8 @@ Each ``*_rows`` driver applies its body to ``values[rows[i]]`` with gradient
 ``grads[i]`` for every i; ``rows`` must be distinct (one update per unique
 id).  Shapes: ``values`` and slots (row_capacity, d); ``rows`` (n,) int64;
 ``grads`` (n, d).  A driver runs in parallel (``prange``) from
-``PARALLEL_MIN / ROW_COST`` rows on (1,024 by default), below that its serial
+``PARALLEL_MIN / ROW_COST`` rows of 64 values on (1,024 by default; narrower rows
+later, wider ones sooner), below that its serial
 twin (the same Python function compiled with ``parallel=False``; see
 :mod:`jit_kernels.segment` for why).  Drivers request the rows a few positions
 ahead (weight and slot rows) before updating the current one, so that cache
@@ -227,7 +228,8 @@ def _driver(parallel, rows_arg):
         if fresh is None:
             fresh, w0 = np.zeros(n, np.bool_), args[rows_arg + 1]
         s0 = tuple(float(x) for x in s0) + (0.0,) * (3 - len(s0))
-        (serial if threads_for(n, ROW_COST) == 1 else parallel)(*args, fresh, w0, s0)
+        cost = max(1, ROW_COST * args[rows_arg + 1].shape[1] // 64)   # ROW_COST: 64 wide
+        (serial if threads_for(n, cost) == 1 else parallel)(*args, fresh, w0, s0)
 
     run.__name__ = run.__qualname__ = name
     run.__doc__ = (f"``{name[:-5]}_row`` on every row of ``rows`` (see the module docstring); "

@@ -66,7 +66,8 @@ def _env_int(name, default):
 
 # Work (elements x cost) below which drivers run their serial twin.
 PARALLEL_MIN = _env_int("NUMBAEMB_PARALLEL_MIN", 1 << 18)
-# Cost of one optimizer row update (64 floats, three rows of the table) in these units.
+# Cost of one optimizer row update of 64 values (three rows of the table) in these units;
+# the optimizer drivers scale it by their row width.
 ROW_COST = 256
 
 
