@@ -257,33 +257,16 @@ class DistributedVariable(Variable):
             return self._read("lookup", keys, self.local.lookup)
         return self._rows_and_flags("lookup", keys, self.local.lookup, first_only=False)
 
-    def _rows_and_flags(self, op, keys, local_fn, first_only, arg=True):
+    def _rows_and_flags(self, op, keys, local_fn, first_only, scores=None, check=None,
+                        arg=True):
         """Rows and ``exists`` flags of ``keys`` from ``local_fn(keys, return_exists=True)``
-        on the owners; ``first_only``: repeats of a key in the batch report True."""
-        with self._comm.lock:
-            (keys, p), rc = self._begin(op, lambda: self._keys_plan(keys), arg)
-            c = self._comm
-            recv = c.alltoallv(p.send_keys, p.counts, rc)
-            rows, found = self._local(local_fn, recv, return_exists=True)
-            out = self._back(rows, rc, p, keys.shape)
-            back = c.alltoallv(found, rc, p.counts)
-            if first_only:
-                exists = np.empty(p.slot.shape[0], np.bool_)
-                first_flags(p.inverse, p.slot, back, exists)
-            else:
-                exists = back[p.slot]
-            return out, exists.reshape(keys.shape)
-
-    def _scored(self, keys, scores, local_fn, return_exists, return_evicted, arg):
-        """``find_or_insert`` whose owners get each key's score (or None) with it:
-        ``(rows,)`` or ``(rows, exists)`` (first occurrence in rank order absent).  The
-        arguments are checked inside the exchange: a bad one raises on every rank."""
+        on the owners; ``first_only``: repeats of a key in the batch report True.
+        ``scores`` (or None): each key's int score goes with it (a key's last position's,
+        the last rank's last), as ``local_fn``'s ``scores``; ``check()`` validates other
+        arguments inside the exchange."""
         def prepare():
-            if return_evicted not in (False, True, "columns"):
-                raise ValueError(f"return_evicted must be False, True or 'columns', got "
-                                 f"{return_evicted!r}")
-            if return_evicted and self.max_capacity is None:
-                raise ValueError("return_evicted is for bounded tables (max_capacity)")
+            if check is not None:
+                check()
             (k, p), counts = self._keys_plan(keys)
             sc = self.local._check_scores(scores, k.shape)    # the owner's check, made here
             send = None
@@ -293,17 +276,18 @@ class DistributedVariable(Variable):
             return (k, p, send), counts
 
         with self._comm.lock:
-            (k, p, send), rc = self._begin("find_or_insert", prepare, arg)
+            (k, p, send), rc = self._begin(op, prepare, arg)
             c = self._comm
             recv = c.alltoallv(p.send_keys, p.counts, rc)
             kw = {} if send is None else {"scores": c.alltoallv(send, p.counts, rc)[:, 0]}
-            if not return_exists:
-                return (self._back(self._local(local_fn, recv, **kw), rc, p, k.shape),)
             rows, found = self._local(local_fn, recv, return_exists=True, **kw)
             out = self._back(rows, rc, p, k.shape)
             back = c.alltoallv(found, rc, p.counts)
-            exists = np.empty(p.slot.shape[0], np.bool_)
-            first_flags(p.inverse, p.slot, back, exists)
+            if first_only:
+                exists = np.empty(p.slot.shape[0], np.bool_)
+                first_flags(p.inverse, p.slot, back, exists)
+            else:
+                exists = back[p.slot]
             return out, exists.reshape(k.shape)
 
     def size(self, index=None) -> int:
@@ -343,14 +327,20 @@ class DistributedVariable(Variable):
             evicted.extend(out[-2:])
             return out[0] if len(out) == 3 else out[:2]
 
-        if scores is None and not return_evicted:      # the plain exchange (arguments as before)
-            out = ((self._read("find_or_insert", keys, local),) if not return_exists else
-                   self._rows_and_flags("find_or_insert", keys, local, first_only=True))
-        else:            # arg: every rank must ask alike (else every rank raises, none hangs)
-            out = self._scored(keys, scores, local, return_exists, return_evicted,
-                               f"exists={return_exists}, evicted={return_evicted!r}, "
-                               f"scores={scores is not None}")
-        out = tuple(out) + tuple(evicted)
+        def check():
+            if return_evicted not in (False, True, "columns"):
+                raise ValueError(f"return_evicted must be False, True or 'columns', got "
+                                 f"{return_evicted!r}")
+            if return_evicted and self.max_capacity is None:
+                raise ValueError("return_evicted is for bounded tables (max_capacity)")
+
+        if scores is None and not return_evicted and not return_exists:   # rows only
+            return self._read("find_or_insert", keys, local)
+        # arg: every rank must ask alike (else every rank raises; none waits in vain)
+        rows, exists = self._rows_and_flags(
+            "find_or_insert", keys, local, first_only=True, scores=scores, check=check,
+            arg=f"evicted={return_evicted!r}, scores={scores is not None}")
+        out = ((rows, exists) if return_exists else (rows,)) + tuple(evicted)
         return out[0] if len(out) == 1 else out
 
     def upsert(self, keys, values):

@@ -246,11 +246,7 @@ def _keep_fresh(params, uniq, rows, exists, shared):
             kept[miss] = rows[miss]
             rows = kept
         entry = (uniq, rows, ~exists)
-    with _FRESH_LOCK:
-        if entry is None:
-            _FRESH.pop(params, None)
-        else:
-            _FRESH[params] = entry
+    _set_fresh(params, entry)
 
 
 def _keep_fresh_positions(params, uniq, inverse, rows, exists):
@@ -266,6 +262,11 @@ def _keep_fresh_positions(params, uniq, inverse, rows, exists):
         kept = np.empty((uniq.shape[0], rows.shape[-1]), rows.dtype)  # present ids': unread
         kept[ids] = rows.reshape(-1, rows.shape[-1])[miss]
         entry = (uniq, kept, valid)
+    _set_fresh(params, entry)
+
+
+def _set_fresh(params, entry):
+    """Keep ``(uniq, rows, valid)`` for ``params``' next step (None: nothing to keep)."""
     with _FRESH_LOCK:
         if entry is None:
             _FRESH.pop(params, None)

@@ -50,11 +50,11 @@ import numbaemb
 from jit_kernels.segment import unique_inverse
 from numbaemb import initializers as ne_init
 from numbaemb import DtypeError, _checks
+from numbaemb._memory import BufferPool
 from numbaemb.string_keys import Packed
 
 from .dlpack import from_tf, numpy_call
 from .initializers import translate
-from numbaemb._memory import BufferPool
 from .restrict import make_policy
 
 __all__ = ["Variable", "get_variable", "as_ids", "as_string_keys", "owner_of", "DynamicHandle"]
@@ -194,8 +194,6 @@ class _TableHandle(DynamicHandle, ResourceVariable):
 # Serving export (tf_bridge.export) sets ``_SERVING.hook(variable, keys, return_exists)``
 # while it traces: lookups then read TF-native ServingTables instead of calling Python.
 _SERVING = threading.local()
-
-
 
 # each variable's per-step outputs handed to TensorFlow (embeddings, gradient sums) come from
 # its own BufferPool: reused once TF has dropped them, so a training step does not fault in a
