@@ -130,7 +130,8 @@ def arena_grow(col, keep, rows):
         col.data = np.frombuffer(mm, dtype, count=int(rows) * width).reshape(rows, width)
         return
     data = arena_empty(rows, width, dtype)
-    k.copy_rows(col.data, data, min(keep, col.data.shape[0]))
+    if min(keep, col.data.shape[0]) > 0:
+        k.copy_rows(col.data, data, min(keep, col.data.shape[0]))
     col.data = data
     col.populated = 0
 

@@ -139,6 +139,8 @@ class CudaShard(IndexedRows):
         return k.find_rows(self.slots, self.mask, keys,
                            self._scratch.array("probe", keys.shape[0], np.int64), self._scratch)
 
+    _empty_index = staticmethod(k.device_empty_slots)
+
     def _rehashed(self, cap):
         new = k.device_empty_slots(cap)
         k.rehash(self.slots, new, cap - 1)

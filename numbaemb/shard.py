@@ -112,7 +112,9 @@ class IndexedRows:
         cap = _index_capacity(n_keys)
         if cap > self.capacity:
             cap = max(cap, 2 * self.capacity)
-        self.slots = self._rehashed(cap)
+        # an index with no key and no tombstone: nothing to move (no kernel, no compile)
+        empty = self.n_full == 0 and self.n_deleted == 0
+        self.slots = self._empty_index(cap) if empty else self._rehashed(cap)
         self.n_deleted = 0
 
 
@@ -170,6 +172,8 @@ class Shard(IndexedRows):
     # ---- capacity ----------------------------------------------------------------
     def _count_absent(self, keys):
         return k.find_rows(self.slots, self.mask, keys, np.empty(keys.shape[0], np.int64))
+
+    _empty_index = staticmethod(empty_slots)
 
     def _rehashed(self, cap):
         new = empty_slots(cap)
