@@ -1,11 +1,14 @@
 """A model with many small tables (a Criteo-like CTR model): the cost of one hand-off into
-Python per table per step, and what one optimizer call for all tables saves.
+Python per table per step, and what one lookup op and one optimizer call for all tables
+save.
 
 26 categorical features, each its own ``de.keras.layers.Embedding(16)`` table, batches of
 4,096 rows (one id per feature per row, Zipf(1.2) over 100K ids per feature), the 26
-embeddings concatenated into ``Dense(1, sigmoid)``, BCE, Adam.  Three models train in one
+embeddings concatenated into ``Dense(1, sigmoid)``, BCE, Adam.  Four models train in one
 process, in alternating chunks, so all see the same load:
 
+* ``one op``: one ``de.keras.layers.MultiEmbedding`` holds the 26 tables and looks them
+  all up in one ``tf.numpy_function`` a step; the optimizer as ``batched``;
 * ``batched``: ``DynamicEmbeddingOptimizer`` applies all 26 tables in one
   ``tf.numpy_function`` a step (``tf_bridge.optimizer.BATCHED = True``, the default);
 * ``per table``: one call per table (``BATCHED = False``, the code before);
@@ -30,14 +33,15 @@ def build(kind):
     import tensorflow as tf
     import tf_bridge as de
     inp = keras.Input((FEATURES,), dtype="int64")
-    cols = []
-    for f in range(FEATURES):
-        ids = keras.layers.Lambda(lambda x, f=f: x[:, f:f + 1])(inp)
-        if kind == "limit":
-            cols.append(_Free(name=f"free_{f}")(ids))
-        else:
-            cols.append(keras.layers.Flatten()(
-                de.keras.layers.Embedding(DIM, name=f"{kind.replace(' ', '_')}_{f}")(ids)))
+    feats = [keras.layers.Lambda(lambda x, f=f: x[:, f:f + 1])(inp) for f in range(FEATURES)]
+    if kind == "one op":
+        embs = de.keras.layers.MultiEmbedding([DIM] * FEATURES, name="one_op")(feats)
+    elif kind == "limit":
+        embs = [_Free(name=f"free_{f}")(ids) for f, ids in enumerate(feats)]
+    else:
+        embs = [de.keras.layers.Embedding(DIM, name=f"{kind.replace(' ', '_')}_{f}")(ids)
+                for f, ids in enumerate(feats)]
+    cols = [e if kind == "limit" else keras.layers.Flatten()(e) for e in embs]
     out = keras.layers.Dense(1, activation="sigmoid")(keras.layers.Concatenate()(cols))
     model = keras.Model(inp, out)
     opt = keras.optimizers.Adam(1e-3)
@@ -91,7 +95,7 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     x = (rng.zipf(1.2, (n, BATCH, FEATURES)) % VOCAB).astype(np.int64)
     y = (rng.random((n, BATCH, 1)) < 0.3).astype(np.float32)
-    kinds = ["batched", "per table", "limit"]
+    kinds = ["one op", "batched", "per table", "limit"]
     models, at, times = {}, {}, {k: [] for k in kinds}
     for k in kinds:
         top.BATCHED = k != "per table"            # read when the step is traced

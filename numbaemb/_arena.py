@@ -183,12 +183,14 @@ def prefault(col, rows_in_use):
     >>> POPULATOR.wait(); r is None or (r[0] <= 1000 * 256 and r[1] >= 1000 * 256 + (4 << 20))
     True
     """
-    mm = _mapping(col.data)
-    if mm is None or not POPULATOR.enabled:
+    if not POPULATOR.enabled:
         return None
     in_use = int(rows_in_use) * col.data.shape[1] * col.data.itemsize
     ahead = min(PREFAULT_MAX, max(PREFAULT_MIN, in_use // 16))
-    if col.populated >= in_use + ahead // 2:
+    if col.populated >= in_use + ahead // 2:       # (most calls: nothing to do)
+        return None
+    mm = _mapping(col.data)
+    if mm is None:
         return None
     page = mmap.PAGESIZE
     start = max(col.populated, in_use) // page * page

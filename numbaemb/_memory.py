@@ -1,4 +1,5 @@
 """Allocation helpers: buffers aligned for zero-copy hand-off (TF needs 64 bytes)."""
+import math
 import sys
 import threading
 
@@ -8,7 +9,7 @@ ALIGN = 64
 
 
 def _nbytes(shape, dtype):
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(int(d) for d in shape)
     return count, max(count, 1) * dtype.itemsize   # a zero-length slice would lose the offset
 
 

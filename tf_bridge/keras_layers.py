@@ -149,10 +149,21 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
             return self._call_sparse(inputs, training)
         if isinstance(inputs, tf.RaggedTensor):
             return self._call_ragged(inputs, training)
-        ids = self.params.keys_in(inputs, "inputs")
+        return self._finish_rows(self._rows(self._dense_ids(inputs), training), clipped=True)
+
+    def _dense_ids(self, inputs, name="inputs"):
+        """Dense int (or string) ids checked for this layer's table and combiner."""
+        ids = self.params.keys_in(inputs, name)
         if self.combiner is not None and ids.shape.rank == 0:
             raise ValueError(f"combiner {self.combiner!r} needs ids of rank >= 1, got a scalar")
-        return self._combine(self._rows(ids, training))
+        return ids
+
+    def _finish_rows(self, emb, clipped=False):
+        """The layer's output from the rows of dense ids: ``max_norm`` (unless
+        ``clipped``), then the combiner."""
+        if not clipped and self.max_norm is not None:
+            emb = tf.clip_by_norm(emb, self.max_norm, axes=[-1])
+        return self._combine(emb)
 
     def _rows(self, ids, training):
         """Rows ``ids.shape + [dim]`` of int ids (any shape), ``max_norm`` applied;

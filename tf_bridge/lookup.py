@@ -41,8 +41,8 @@ from .dlpack import from_tf, numpy_call, to_tf
 from .variable import _SERVING, Variable, _pool
 
 __all__ = ["embedding_lookup", "embedding_lookup_unique", "embedding_lookup_sparse",
-           "safe_embedding_lookup_sparse", "unique_lookup", "sum_by_key", "is_distinct",
-           "positions_of"]
+           "safe_embedding_lookup_sparse", "unique_lookup", "lookup_many", "sum_by_key",
+           "is_distinct", "positions_of"]
 
 COMBINERS = ("sum", "mean", "sqrtn")
 # training lookups take the positions' rows straight from the table into their output (a
@@ -161,6 +161,24 @@ def unique_lookup(params, ids, handle=None):
             return params._lookup(ids, False, record=True), grad
         return plain(ids, handle)
 
+    forward = _forward(params, train)
+    eager = tf.executing_eagerly()
+    if eager:                            # the backward keeps the numpy arrays
+        out = forward(*[from_tf(x) for x in params._key_inputs(ids)])
+        out = [to_tf(out[0]), *out[1:]]
+    else:
+        out = numpy_call(forward, params._key_inputs(ids), _tout(params, train),
+                         name="unique_lookup", collective=params.distributed)
+    return _finish(params, ids, out, handle)
+
+
+def _tout(params, train):
+    return [params.value_dtype] + ([params.id_dtype, tf.int64] if train else [])
+
+
+def _forward(params, train):
+    """``forward(*key arrays) -> (rows,)`` or, training, ``(rows, distinct ids,
+    inverse)``: :func:`unique_lookup`'s numpy side (see the module docstring)."""
     key_np, dim = params.id_dtype.as_numpy_dtype, params.dim
     strings = params.string_keys
     # kernel initializers: rows are f(key); a distributed table's owners draw them themselves
@@ -194,24 +212,25 @@ def unique_lookup(params, ids, handle=None):
         rows = rows.reshape(n, dim)
         return (rows, uniq.astype(key_np, copy=False), inverse) if train else (rows,)
 
-    eager = tf.executing_eagerly()
-    if eager:                            # the backward keeps the numpy arrays
-        out = forward(*[from_tf(x) for x in params._key_inputs(ids)])
-        rows, rest = to_tf(out[0]), out[1:]
-    else:
-        tout = [params.value_dtype] + ([params.id_dtype, tf.int64] if train else [])
-        rows, *rest = numpy_call(forward, params._key_inputs(ids), tout, name="unique_lookup",
-                                 collective=params.distributed)
+    return forward
+
+
+def _finish(params, ids, out, handle):
+    """The embedding ``ids.shape + [dim]`` from a forward's outputs ``out`` (tensors;
+    eagerly the distinct ids and inverse stay numpy), differentiable through
+    ``handle`` when given."""
+    dim = params.dim
+    rows = out[0]
 
     def shaped(rows):
         emb = tf.reshape(rows, tf.concat([tf.shape(ids, out_type=tf.int64), [dim]], 0))
         emb.set_shape(ids.shape.concatenate([dim]))
         return emb
 
-    if not train:
+    if handle is None:
         return shaped(rows)
-    uniq, inverse = rest
-    if not eager:
+    uniq, inverse = out[1:]
+    if not tf.executing_eagerly():
         uniq.set_shape([None])
         inverse.set_shape([None])
         _mark_distinct(uniq)
@@ -223,6 +242,71 @@ def unique_lookup(params, ids, handle=None):
         return shaped(rows), grad
 
     return lookup(rows, handle)
+
+
+def lookup_many(params, ids, handles=None, name=None):
+    """Rows of several tables at once, ``[ids[t].shape + [dim_t] for each table t]``,
+    from one ``tf.numpy_function`` (one hand-off into Python a step, not one per
+    table: a model with many small tables spends most of its embedding time in
+    those hand-offs).
+
+    ``params``: list of ``tf_bridge.Variable`` (any dims, dtypes and key types);
+    ``ids``: one id tensor per table (any shapes).  ``handles``: None, or one entry
+    per table: a trainable handle's value (training, as :func:`unique_lookup` with
+    ``handle``; each table's gradient is its own ``IndexedSlices``) or None
+    (inference: every position looked up directly, as ``params[t]._lookup``).
+    Results are the per-table calls' bit for bit.  Split (MPI) tables, eager calls
+    and serving exports take the per-table path.
+
+    >>> import tensorflow as tf, tf_bridge as de
+    >>> a = de.Variable(dim=2, name="doc_many_a", initializer=1.0)
+    >>> b = de.Variable(dim=3, name="doc_many_b", initializer=2.0)
+    >>> ea, eb = lookup_many([a, b], [tf.constant([1, 2], tf.int64),
+    ...                               tf.constant([[5]], tf.int64)])
+    >>> ea.shape, eb.numpy().tolist()
+    (TensorShape([2, 2]), [[[2.0, 2.0, 2.0]]])
+    """
+    params, ids = list(params), list(ids)
+    for t, p in enumerate(params):
+        if not isinstance(p, Variable):
+            raise TypeError(f"params[{t}] must be a tf_bridge.Variable, got {type(p).__name__}")
+    if len(ids) != len(params):
+        raise ValueError(f"ids must have one tensor per table ({len(params)}), got {len(ids)}")
+    handles = [None] * len(params) if handles is None else list(handles)
+    if len(handles) != len(params):
+        raise ValueError(f"handles must be None or one entry per table ({len(params)}), got "
+                         f"{len(handles)}")
+    ids = [p.keys_in(i, f"ids[{t}]") for t, (p, i) in enumerate(zip(params, ids))]
+    if (len(params) < 2 or tf.executing_eagerly() or getattr(_SERVING, "hook", None) is not None
+            or any(p.distributed for p in params)):
+        return [p._lookup(i, False, record=False) if h is None else unique_lookup(p, i, h)
+                for p, i, h in zip(params, ids, handles)]
+    forwards = [_direct(p) if h is None else _forward(p, True) for p, h in zip(params, handles)]
+    inputs = [p._key_inputs(i) for p, i in zip(params, ids)]
+
+    def run(*arrays):
+        out, at = [], 0
+        for forward, given in zip(forwards, inputs):
+            out.extend(forward(*arrays[at:at + len(given)]))
+            at += len(given)
+        return out
+
+    touts = [_tout(p, h is not None) for p, h in zip(params, handles)]
+    out = numpy_call(run, [x for given in inputs for x in given], [d for t in touts for d in t],
+                     name=name or "lookup_many")
+    embs, at = [], 0
+    for p, i, h, tout in zip(params, ids, handles, touts):
+        embs.append(_finish(p, i, out[at:at + len(tout)], h))
+        at += len(tout)
+    return embs
+
+
+def _direct(params):
+    """An inference forward: every position's row (``params._lookup``'s numpy side)."""
+    def forward(*arrays):
+        keys = params._np_keys(*arrays)
+        return params._np_lookup(keys, False, False, out=params._pooled(keys))
+    return forward
 
 
 # ---- initial rows of absent ids, from the forward to the optimizer step ---------------------
