@@ -15,7 +15,7 @@ process, in alternating chunks, so all see the same load:
 * ``limit``: the same model with 26 embeddings that cost nothing (constant rows; TF
   still computes their gradients), the machine's limit for this job.
 
-    python benchmarks/bench_many_tables.py            # about a minute
+    python benchmarks/bench_many_tables.py            # about a minute (80 warm-up steps)
     python benchmarks/bench_many_tables.py --chunks 3 --steps 10   # smoke run
 """
 import argparse
@@ -81,9 +81,10 @@ _Free = None
 def main(argv=None):
     global _Free
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--chunks", type=int, default=6)
+    ap.add_argument("--chunks", type=int, default=8)
     ap.add_argument("--steps", type=int, default=30, help="steps a chunk")
-    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=80,
+                    help="steps before timing: the tables grow (inserts, page faults) early on")
     args = ap.parse_args(argv)
     os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
