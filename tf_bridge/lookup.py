@@ -583,6 +583,24 @@ def embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy=None,
     return (emb, params) if return_trainable else emb
 
 
+def embedding_lookup_sparse_many(params, sp_ids, sp_weights, combiners):
+    """``[embedding_lookup_sparse(params[t], sp_ids[t], sp_weights[t], combiner=
+    combiners[t]) for each t]`` (the same math and results), with every table's
+    distinct ids looked up in one op (:func:`lookup_many`); a list of variables in
+    ``params`` (an id-split table) is looked up on its own.  SOK's
+    ``lookup_sparse`` (``de.sok``)."""
+    if any(isinstance(p, (list, tuple)) for p in params):
+        return [embedding_lookup_sparse(p, i, w, combiner=c)
+                for p, i, w, c in zip(params, sp_ids, sp_weights, combiners)]
+    parts = [tf.unique(_check_sparse(p, i, w, c), out_idx=tf.int64)
+             for p, i, w, c in zip(params, sp_ids, sp_weights, combiners)]
+    train = mode.is_training()
+    handles = [p.trainable_handle.value() if train and p.trainable else None for p in params]
+    rows = lookup_many(params, [u for u, _ in parts], handles)
+    return [tf.nn.embedding_lookup_sparse(r, _with_values(i, idx), w, combiner=c)
+            for r, (_, idx), i, w, c in zip(rows, parts, sp_ids, sp_weights, combiners)]
+
+
 def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=None,
                                  combiner="mean", default_id=None, name=None,
                                  partition_strategy="div", max_norm=None, return_trainable=False):

@@ -31,7 +31,7 @@ from numbaemb import initializers as ne_init
 from . import distributed as hvd
 from ._args import int_at_least
 from .keras_layers import Embedding
-from .lookup import embedding_lookup_sparse
+from .lookup import embedding_lookup_sparse_many
 from .optimizer import DynamicEmbeddingOptimizer
 from .variable import Variable
 
@@ -261,7 +261,8 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None):
     """SOK's ``lookup_sparse``: for each variable of ``params`` its ``sp_ids``
     (``tf.SparseTensor`` / ``tf.RaggedTensor`` ``[batch, None]``) combined per row by
     ``combiners`` ("sum", "mean"; default "sum"), ``[batch, dimension]`` each.  A single
-    variable (not a list) gives a single tensor."""
+    variable (not a list) gives a single tensor.  As SOK's, one op looks every
+    variable's ids up (:func:`tf_bridge.lookup.embedding_lookup_sparse_many`)."""
     single = not isinstance(params, (list, tuple))
     params, sp_ids = ([params], [sp_ids]) if single else (list(params), list(sp_ids))
     if len(sp_ids) != len(params):
@@ -273,8 +274,7 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None):
         [combiners] if isinstance(combiners, str) else list(combiners))
     if len(weights) != len(params) or len(combiners) != len(params):
         raise ValueError("sp_weights and combiners must have one entry per variable")
-    out = [embedding_lookup_sparse(p, i, w, combiner=c)
-           for p, i, w, c in zip(params, sp_ids, weights, combiners)]
+    out = embedding_lookup_sparse_many(params, sp_ids, weights, combiners)   # one lookup op
     return out[0] if single else out
 
 

@@ -125,6 +125,51 @@ def test_export_assign_and_lookup_sparse():
         sok.export("a")
 
 
+def test_lookup_sparse_of_many_variables_trains_as_one_lookup_per_variable():
+    """In a tf.function: one op looks all three variables up (SOK's fused lookup); the
+    outputs and the tables after Adam steps equal per-variable lookups' exactly."""
+    rng = np.random.default_rng(3)
+    extremes = [np.iinfo(np.int64).min, np.iinfo(np.int64).max, -1, 0]
+    bags = [[list(rng.integers(-5, 9, rng.integers(1, 4))) for _ in range(6)] for _ in range(3)]
+    bags[0][0] = extremes
+    sp = [tf.ragged.constant(b, tf.int64) for b in bags]
+    combiners = ["sum", "mean", "sum"]
+
+    def make(tag):
+        return [sok.DynamicVariable(dimension=d, initializer=str(t + 1), name=f"sokm_{tag}_{t}")
+                for t, d in enumerate([2, 3, 4])]
+
+    def trainer(vars_, lookup):
+        opt = sok.OptimizerWrapper(keras.optimizers.Adam(0.1))
+
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                outs = lookup(vars_)
+                loss = tf.add_n([tf.reduce_sum(o * o) for o in outs])
+            opt.apply_gradients(zip(tape.gradient(loss, vars_), vars_))
+            return outs
+        return step
+
+    fused, alone = make("fused"), make("alone")
+    step_f = trainer(fused, lambda vs: sok.lookup_sparse(vs, sp, combiners=combiners))
+    step_a = trainer(alone, lambda vs: [de.embedding_lookup_sparse(v, i, None, combiner=c)
+                                       for v, i, c in zip(vs, sp, combiners)])
+    for _ in range(3):
+        for of, oa in zip(step_f(), step_a()):
+            np.testing.assert_array_equal(of.numpy(), oa.numpy())
+    for vf, va in zip(fused, alone):
+        kf, xf = sok.export(vf)
+        ka, xa = sok.export(va)
+        of, oa = np.argsort(kf.numpy()), np.argsort(ka.numpy())
+        np.testing.assert_array_equal(kf.numpy()[of], ka.numpy()[oa])
+        np.testing.assert_array_equal(xf.numpy()[of], xa.numpy()[oa])
+    graph = step_f.get_concrete_function().graph
+    lookups = [op.name for op in graph.get_operations()
+               if op.type == "PyFunc" and "lookup" in op.name]
+    assert len(lookups) == 1, lookups
+
+
 def test_max_capacity_refuses_a_lookup_that_would_overfill():
     v = sok.DynamicVariable(dimension=2, initializer="1", max_capacity=3)
     tf.nn.embedding_lookup(v, tf.constant([1, 2], tf.int64))
