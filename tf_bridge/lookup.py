@@ -34,6 +34,7 @@ import tensorflow as tf
 
 from jit_kernels.segment import gather_rows, segment_sum_into, unique_inverse
 from numbaemb import aligned_empty
+from numbaemb import multi as ne_multi
 from numbaemb._checks import storage_dtype
 
 from . import mode
@@ -283,13 +284,25 @@ def lookup_many(params, ids, handles=None, name=None):
                 for p, i, h in zip(params, ids, handles)]
     forwards = [_direct(p) if h is None else _forward(p, True) for p, h in zip(params, handles)]
     inputs = [p._key_inputs(i) for p, i in zip(params, ids)]
+    together = [_joins(p, h is not None) for p, h in zip(params, handles)]
 
     def run(*arrays):
-        out, at = [], 0
-        for forward, given in zip(forwards, inputs):
-            out.extend(forward(*arrays[at:at + len(given)]))
+        parts, at = [], 0
+        for given in inputs:
+            parts.append(arrays[at:at + len(given)])
             at += len(given)
-        return out
+        outs = [None] * len(params)
+        for train in (True, False):      # plain tables: one kernel call for all (each mode)
+            group = [t for t in range(len(params)) if together[t] and
+                     (handles[t] is not None) == train]
+            if len(group) > 1:
+                for t, got in zip(group, _lookup_group([params[t] for t in group],
+                                                       [parts[t][0] for t in group], train)):
+                    outs[t] = got
+        for t, forward in enumerate(forwards):
+            if outs[t] is None:
+                outs[t] = forward(*parts[t])
+        return [x for out in outs for x in out]
 
     touts = [_tout(p, h is not None) for p, h in zip(params, handles)]
     out = numpy_call(run, [x for given in inputs for x in given], [d for t in touts for d in t],
@@ -299,6 +312,32 @@ def lookup_many(params, ids, handles=None, name=None):
         embs.append(_finish(p, i, out[at:at + len(tout)], h))
         at += len(tout)
     return embs
+
+
+def _joins(params, train):
+    """Whether ``params`` may be looked up in one kernel call with other tables
+    (:func:`numbaemb.multi.lookup_many`): a plain CPU table whose training lookup
+    takes every position's row (:data:`DIRECT_FORWARD`) and keeps the absent ids'
+    initial rows."""
+    return (not params.string_keys and not params.distributed and params._pending is None
+            and (not train or DIRECT_FORWARD and params._rows_per_position)
+            and ne_multi.fits(params.table))
+
+
+def _lookup_group(params, arrays, train):
+    """The forwards' outputs (:func:`_forward` training, else :func:`_direct`) of the
+    tables ``params`` for their key arrays, from one kernel call."""
+    keys = [np.asarray(a).reshape(-1) for a in arrays]
+    looked = ne_multi.lookup_many([p.table for p in params], keys, unique=train,
+                                  outs=[p._pooled(k) for p, k in zip(params, keys)])
+    if not train:
+        return [(got.rows,) for got in looked]
+    out = []
+    for p, got in zip(params, looked):
+        _set_fresh(p, None if got.absent is None else (got.uniq, got.absent[1], got.absent[0]))
+        out.append((got.rows, got.uniq.astype(p.id_dtype.as_numpy_dtype, copy=False),
+                    got.inverse))
+    return out
 
 
 def _direct(params):

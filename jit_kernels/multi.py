@@ -1,0 +1,82 @@
+"""Several tables' lookups in one parallel kernel: one table per thread at a time.
+
+A model with many small tables (26 features of a CTR model, each 4,096 ids a
+step) spends more time entering and leaving kernels, and in the Python around
+them, than in them; and each of its kernels is too small to split across
+threads.  :func:`lookup_tables` takes every table's arrays as tuples and runs
+each table's whole lookup (the batch's distinct ids, then every position's row)
+serially, the tables spread over the threads.  Each table's results are
+exactly the single-table kernels' (:func:`jit_kernels.segment.unique_inverse`'s
+serial pass, :func:`jit_kernels.cpu_table.lookup`).
+
+Arguments are tuples with one entry per table (arrays of one dtype each, so
+Numba sees a homogeneous tuple; it compiles once per number of tables) and
+arrays indexed by table:
+
+* ``keys`` (n_t,) int64; ``slots``, ``masks`` (T,), ``values`` (rows, dim_t): each
+  table's index and rows; ``kinds``, ``a``, ``b``, ``seeds`` (T,), ``consts``: its
+  initializer (see :mod:`jit_kernels.initializers`);
+* outputs ``out`` (n_t, dim_t), ``exists`` (n_t,) bool;
+* with ``unique``: ``uniq``, ``inverse`` (n_t,) int64 (:func:`unique_inverse`'s),
+  ``n_uniq`` (T,), and for the ids found absent ``valid`` (n_t,) bool and ``kept``
+  (n_t, dim_t): ``valid[j]`` marks the distinct id ``j`` that is absent and
+  ``kept[j]`` its initial row (copied from one of its positions), ``n_absent`` (T,)
+  the number of absent positions.
+
+>>> import numpy as np
+>>> from jit_kernels.slots import empty_slots
+>>> from jit_kernels.initializers import CONSTANT
+>>> keys = (np.array([7, 7, 8]), np.array([1]))
+>>> out = (np.empty((3, 2), np.float32), np.empty((1, 2), np.float32))
+>>> ex = (np.empty(3, np.bool_), np.empty(1, np.bool_))
+>>> two = lambda: (np.empty(3, np.int64), np.empty(1, np.int64))
+>>> uniq, inv, valid = two(), two(), (np.empty(3, np.bool_), np.empty(1, np.bool_))
+>>> kept, n_uniq, n_absent = out, np.empty(2, np.int64), np.empty(2, np.int64)
+>>> lookup_tables(keys, (empty_slots(16), empty_slots(16)), np.array([15, 15]),
+...               (np.empty((0, 2), np.float32), np.empty((0, 2), np.float32)), out, ex,
+...               np.array([CONSTANT, CONSTANT]), np.zeros(2), np.zeros(2),
+...               np.zeros(2, np.int64), (np.array([1.0, 2.0]), np.array([3.0, 4.0])),
+...               True, uniq, inv, n_uniq, valid, kept, n_absent)
+>>> out[0].tolist(), n_uniq.tolist(), n_absent.tolist(), inv[0].tolist()
+([[1.0, 2.0], [1.0, 2.0], [1.0, 2.0]], [2, 1], [3, 1], [0, 0, 1])
+"""
+from numba import njit, prange
+
+from .cpu_table import lookup as _lookup
+from .segment import _unique_serial
+
+__all__ = ["lookup_tables"]
+
+_lookup_serial = _lookup.serial
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def lookup_tables(keys, slots, masks, values, out, exists, kinds, a, b, seeds, consts,
+                  unique, uniq, inverse, n_uniq, valid, kept, n_absent):
+    """Every table's lookup (and with ``unique`` its distinct ids and absent rows);
+    see the module docstring."""
+    for t in prange(len(keys)):
+        if unique:
+            n_uniq[t] = _unique_serial(keys[t], uniq[t], inverse[t])
+        _lookup_serial(slots[t], masks[t], keys[t], values[t], out[t], exists[t], kinds[t],
+                       a[t], b[t], seeds[t], consts[t])
+        if unique:
+            n_absent[t] = _absent_rows(exists[t], inverse[t], out[t], n_uniq[t], valid[t],
+                                       kept[t])
+
+
+@njit(nogil=True, cache=True)
+def _absent_rows(exists, inverse, rows, u, valid, kept):
+    """``valid[:u]`` marks the distinct ids some position found absent, ``kept[j]`` the
+    row of such an id's last position; returns the number of absent positions."""
+    for j in range(u):
+        valid[j] = False
+    n = 0
+    for i in range(exists.shape[0]):
+        if not exists[i]:
+            j = inverse[i]
+            valid[j] = True
+            for c in range(rows.shape[1]):
+                kept[j, c] = rows[i, c]
+            n += 1
+    return n

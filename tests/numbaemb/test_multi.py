@@ -1,0 +1,139 @@
+"""numbaemb.multi.lookup_many (several tables, one kernel call) against the per-table
+oracle: Variable.lookup and unique_inverse, table by table; extreme keys, empty
+batches, mixed dtypes, bounded tables; errors; concurrent writers."""
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import numbaemb as ne
+from jit_kernels.segment import unique_inverse
+from numbaemb import initializers as I
+from numbaemb.multi import fits, lookup_many
+
+INT64_MIN, INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
+EXTREMES = [INT64_MIN, INT64_MAX, -1, 0]
+
+
+def check_against_oracle(tables, keys, unique):
+    got = lookup_many(tables, keys, unique=unique)
+    assert len(got) == len(tables)
+    for table, k, res in zip(tables, keys, got):
+        rows, exists = table.lookup(k, return_exists=True)
+        np.testing.assert_array_equal(res.rows, rows.reshape(-1, table.dim))
+        np.testing.assert_array_equal(res.exists, exists.reshape(-1))
+        assert res.rows.dtype == table.value_dtype
+        if not unique:
+            assert res.uniq is None and res.absent is None
+            continue
+        uniq, inverse = unique_inverse(np.asarray(k, np.int64).reshape(-1))
+        np.testing.assert_array_equal(res.uniq, uniq)
+        np.testing.assert_array_equal(res.inverse, inverse)
+        missing = ~table.lookup(uniq, return_exists=True)[1]
+        if not missing.any():
+            assert res.absent is None
+            continue
+        valid, kept = res.absent
+        np.testing.assert_array_equal(valid, missing)
+        np.testing.assert_array_equal(kept[missing], table.lookup(uniq[missing]))
+
+
+def tables_with_rows(seed):
+    rng = np.random.default_rng(seed)
+    tables = [ne.Variable(dim=4, initializer=I.RandomNormal(stddev=0.1), seed=1),
+              ne.Variable(dim=3, value_dtype=np.float64, initializer=I.RandomUniform(-1, 1), seed=2),
+              ne.Variable(dim=5, initializer=1.5),
+              ne.Variable(dim=2, max_capacity=64, evict="lfu", initializer=I.RandomNormal())]
+    for t in tables:
+        k = np.concatenate([EXTREMES[::2], rng.integers(-50, 50, 40)])
+        t.upsert(k, rng.standard_normal((k.size, t.dim)))
+    return tables
+
+
+@pytest.mark.parametrize("unique", [True, False])
+def test_equals_each_table_alone_with_extreme_keys_and_an_empty_batch(unique):
+    tables = tables_with_rows(0)
+    rng = np.random.default_rng(1)
+    keys = [np.concatenate([EXTREMES, rng.integers(-80, 80, 300)]),
+            np.array(EXTREMES * 3).reshape(3, 4),                 # any shape: flattened
+            np.empty(0, np.int64),
+            rng.integers(-80, 80, 200).astype(np.int32)]
+    check_against_oracle(tables, keys, unique)
+    assert [t.size() for t in tables] == [t.size() for t in tables_with_rows(0)]  # no insert
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.sampled_from(EXTREMES), st.integers(-60, 60)),
+                         max_size=40), min_size=4, max_size=4), st.booleans())
+def test_random_batches_equal_the_oracle(batches, unique):
+    check_against_oracle(TABLES, [np.array(b, np.int64) for b in batches], unique)
+
+
+TABLES = tables_with_rows(5)
+
+
+def test_outs_are_written_and_checked():
+    a, b = tables_with_rows(2)[:2]
+    outs = [np.empty((3, 4), np.float32), np.empty((2, 3), np.float64)]
+    got = lookup_many([a, b], [np.array([1, 2, 3]), np.array([0, 9])], outs=outs)
+    assert np.shares_memory(got[0].rows, outs[0]) and np.shares_memory(got[1].rows, outs[1])
+    np.testing.assert_array_equal(outs[1], b.lookup(np.array([0, 9])))
+    with pytest.raises(ValueError, match="out must be a C-contiguous float32 array"):
+        lookup_many([a, b], [np.array([1]), np.array([0])],
+                    outs=[np.empty((1, 3), np.float32), np.empty((1, 3), np.float64)])
+
+
+def test_tables_that_do_not_fit_and_bad_keys_raise_naming_them():
+    plain = ne.Variable(dim=2)
+    others = [ne.Variable(dim=2, num_shards=2), ne.Variable(dim=2, value_dtype=np.float16),
+              ne.Variable(dim=2, key_dtype=str)]
+    ranged = ne.Variable(dim=2)
+    ranged.key_range = (0, 10)
+    for other in others + [ranged]:
+        assert not fits(other)
+        with pytest.raises(ValueError, match=r"tables\[1\] cannot be looked up with others"):
+            lookup_many([plain, other], [np.array([1]), np.array([1])])
+    assert fits(plain)
+    with pytest.raises(ValueError, match="one array per table"):
+        lookup_many([plain, plain], [np.array([1])])
+    with pytest.raises(TypeError, match="keys"):
+        lookup_many([plain], [np.array([1.5])])
+
+
+def test_rows_are_never_torn_by_concurrent_writers():
+    """Writers fill whole rows with one number; a lookup must see each row whole."""
+    dim = 16
+    tables = [ne.Variable(dim=dim, initializer=-7.0) for _ in range(3)]
+    keys = [np.arange(t * 100, t * 100 + 400) for t in range(3)]
+    lookup_many(tables, keys, unique=True)                  # compile before the threads
+    stop, errors = threading.Event(), []
+
+    def write(table, base):
+        try:
+            for gen in range(60):
+                k = np.arange(base, base + 400)
+                table.upsert(k, np.full((400, dim), float(gen), np.float32))
+                if gen % 20 == 19:
+                    table.remove(k[::3])
+        except Exception as e:          # pragma: no cover (reported below)
+            errors.append(e)
+
+    def read():
+        try:
+            while not stop.is_set():
+                for res in lookup_many(tables, keys, unique=True):
+                    assert (res.rows == res.rows[:, :1]).all(), "a torn row"
+        except Exception as e:
+            errors.append(e)
+
+    readers = [threading.Thread(target=read) for _ in range(2)]
+    writers = [threading.Thread(target=write, args=(t, i * 100)) for i, t in enumerate(tables)]
+    for th in readers + writers:
+        th.start()
+    for th in writers:
+        th.join(60)
+    stop.set()
+    for th in readers:
+        th.join(60)
+    assert not errors, errors[0]
