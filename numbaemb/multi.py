@@ -1,4 +1,5 @@
-"""Lookups of several tables in one kernel call (:func:`lookup_many`).
+"""Lookups, and optimizer steps, of several tables in one kernel call (:func:`lookup_many`,
+:func:`apply_many`).
 
 For a model with many small tables: one parallel kernel looks every table up
 (:func:`jit_kernels.multi.lookup_tables`, a table per thread at a time), where
@@ -23,13 +24,13 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from jit_kernels.multi import lookup_tables
+from jit_kernels.multi import RULES, apply_tables, lookup_tables
 
 from .bounded import BoundedShard
 from .shard import Shard
 from .variable import Variable
 
-__all__ = ["lookup_many", "fits", "Looked"]
+__all__ = ["lookup_many", "apply_many", "fits", "trains_with_others", "Looked"]
 
 
 class Looked(NamedTuple):
@@ -116,3 +117,113 @@ def _run(group, tables, keys, outs, unique, results):
         u = int(n_uniq[j])
         absent = (valid[j][:u], kept[j][:u]) if n_absent[j] else None
         results[t] = Looked(out[j], exists[j], uniq[j][:u], inverse[j], absent)
+
+
+def trains_with_others(table) -> bool:
+    """Whether ``table`` can take :func:`apply_many`'s one-kernel path: it :func:`fits`,
+    holds float32/float64 values, and has no bound, admission filter, steps-to-live
+    column or ``max_keys``."""
+    return (fits(table) and type(table.shards[0]) is Shard and table.admit is None
+            and table.steps_to_live is None and table.max_keys is None
+            and table.value_dtype in (np.dtype(np.float32), np.dtype(np.float64)))
+
+
+def apply_many(tables, optimizer, keys, grads, inverse, initial_rows, *, step,
+               learning_rate=None):
+    """One step of ``optimizer`` on each of ``tables`` (that :func:`trains_with_others`):
+    for every ``t``, what ``numbaemb.optimizers.apply_gradients(tables[t], optimizer,
+    keys[t], grads[t], step=step, learning_rate=learning_rate, inverse=inverse[t],
+    initial_rows=initial_rows[t])`` does, bit for bit, in one kernel call a value dtype.
+    ``keys[t]`` (u,) distinct ids, ``grads[t]`` (n, dim) one row per position,
+    ``inverse[t]`` (n,) each position's index into ``keys[t]``, ``initial_rows[t]``
+    None or ``(rows (u, dim), valid (u,))``.  Arguments are checked before anything is
+    applied; the tables' write locks are held across the call, taken in a fixed order.
+
+    >>> import numpy as np, numbaemb as ne
+    >>> a, b = ne.Variable(dim=2, initializer=1.0), ne.Variable(dim=1, initializer=0.0)
+    >>> apply_many([a, b], ne.optimizers.SGD(0.5), [np.array([7]), np.array([3, 4])],
+    ...            [np.ones((2, 2), np.float32), np.ones((1, 1), np.float32)],
+    ...            [np.array([0, 0]), np.array([1])], [None, None], step=1)
+    >>> a.lookup(np.array([7])).tolist(), b.lookup(np.array([3, 4])).ravel().tolist()
+    ([[0.0, 0.0]], [0.0, -0.5])
+    """
+    from . import optimizers as opt
+    from . import _checks
+    tables = list(tables)
+    n = len(tables)
+    for name, arg in (("keys", keys), ("grads", grads), ("inverse", inverse),
+                      ("initial_rows", initial_rows)):
+        if len(arg) != n:
+            raise ValueError(f"{name} must have one entry per table ({n}), got {len(arg)}")
+    for t, table in enumerate(tables):
+        if not trains_with_others(table):
+            raise ValueError(f"tables[{t}] cannot be trained with others (see "
+                             "numbaemb.multi.trains_with_others); apply its step on its own")
+        opt._check(table, optimizer)
+    step, lr = opt._step_and_rate(optimizer, step, learning_rate)
+    work = []
+    for t, table in enumerate(tables):
+        k = _checks.flat_int64(table._host_keys(keys[t], insert=True, name=f"keys[{t}]"))
+        inv = _checks.as_inverse(inverse[t], k.size, f"inverse[{t}]").reshape(-1)
+        g = _checks.as_values(grads[t], inv.shape, table.dim, table.value_dtype, f"grads[{t}]")
+        kept = valid = None
+        if initial_rows[t] is not None:
+            kept = np.ascontiguousarray(table._values(initial_rows[t][0], k.shape,
+                                                      f"initial_rows[{t}][0]"))
+            valid = np.ascontiguousarray(_checks.as_exists(initial_rows[t][1], k.shape,
+                                                           f"initial_rows[{t}][1]"))
+        work.append((t, k, inv, np.ascontiguousarray(g), kept, valid))
+    name, slot_names, hyper, flag = optimizer._rule(lr, step, np.float32)
+    init = dict(optimizer.slots())
+    s0 = np.array([init[s] if s else 0.0 for s in slot_names], np.float64)
+    h = np.zeros(6, np.float64)
+    with contextlib.ExitStack() as stack:
+        for table in sorted({id(t): t for t in tables}.values(), key=id):
+            stack.enter_context(table._lock.write())
+        groups = {}
+        for item in work:
+            table = tables[item[0]]
+            opt._add_slot_columns(table, optimizer)
+            table._last_step = step
+            if item[1].size:
+                groups.setdefault(table.value_dtype, []).append(item)
+        for dtype, group in groups.items():
+            # Adam's step size is computed in the table's dtype (as apply_gradients does)
+            hyper = optimizer._rule(lr, step, dtype)[2]
+            h[:] = 0.0
+            h[:len(hyper)] = hyper
+            _apply_group(group, tables, optimizer, name, slot_names, h, flag, s0)
+
+
+def _apply_group(group, tables, optimizer, rule, slot_names, h, flag, s0):
+    shards = [tables[t].shards[0] for t, *_ in group]
+    for shard, (_, k, *_) in zip(shards, group):
+        shard._reserve(k)                    # room for the absent ids (grows, rehashes)
+    inits = [s.columns["values"].init for s in shards]
+    cols = [[s.columns[optimizer.column(n)].data if n else s.values for n in slot_names]
+            for s in shards]
+    ks = tuple(k for _, k, *_ in group)
+    u = [k.shape[0] for k in ks]
+    rows = tuple(np.empty(m, np.int64) for m in u)
+    inserted = tuple(np.empty(m, np.bool_) for m in u)
+    sums = tuple(np.empty((m, s.dim), s.values.dtype) for m, s in zip(u, shards))
+    w0 = tuple(np.empty_like(x) for x in sums)
+    kept = tuple(x[4] if x[4] is not None else w for x, w in zip(group, w0))
+    valid = tuple(x[5] if x[5] is not None else i for x, i in zip(group, inserted))
+    alloc = np.zeros(len(group), np.int64)
+    apply_tables(RULES[rule], h, bool(flag), s0, ks, tuple(x[2] for x in group),
+                 tuple(x[3] for x in group), sums, tuple(s.slots for s in shards),
+                 np.array([s.mask for s in shards], np.int64),
+                 tuple(s.free_rows for s in shards),
+                 np.array([s.free_rows.shape[0] for s in shards], np.int64),
+                 np.array([s.fresh for s in shards], np.int64), alloc, rows, inserted,
+                 tuple(s.values for s in shards), tuple(c[0] for c in cols),
+                 tuple(c[1] for c in cols), tuple(c[2] for c in cols), valid, kept,
+                 np.array([x[4] is not None for x in group]),
+                 np.array([i[0] for i in inits], np.int64),
+                 np.array([i[1] for i in inits], np.float64),
+                 np.array([i[2] for i in inits], np.float64),
+                 np.array([i[3] for i in inits], np.int64),
+                 tuple(np.ascontiguousarray(i[4], np.float64) for i in inits), w0)
+    for shard, taken in zip(shards, alloc):
+        shard._take_rows(int(taken))

@@ -47,6 +47,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from numbaemb import multi as ne_multi
 from numbaemb import optimizers as ne_opt
 
 from .dlpack import from_tf, numpy_call
@@ -311,9 +312,18 @@ def apply_dynamic_all(items, step, lr, rule, bp_v2=None, prepare=None):
 
         def run(s, r, *arrays, group=group, sizes=sizes):
             s, r, at = int(s), float(r), 0
-            for (_, _, fn), n in zip(group, sizes):
-                fn(s, r, *arrays[at:at + n])
+            together = []
+            for (var, _, fn), n in zip(group, sizes):
+                part = arrays[at:at + n]
                 at += n
+                if getattr(fn, "joins", False):
+                    together.append((var, part, fn))
+                else:
+                    fn(s, r, *part)
+            if len(together) == 1:
+                together[0][2](s, r, *together[0][1])
+            elif together:
+                _step_many(rule, [(var, part) for var, part, _ in together], s, r)
             return ()
 
         var = group[0][0]
@@ -330,6 +340,9 @@ def _plan(var, grads, rule, bp_v2, prepare):
     if fused is not None:
         def fused_step(s, r, k, inv, rows):
             _step(var, rule, k, rows, s, r, False, True, inverse=inv)
+        # plain tables' fused steps run in one kernel call (_step_many)
+        fused_step.joins = (not var.string_keys and var._pending is None
+                            and ne_multi.trains_with_others(var.table))
         return list(fused), fused_step
     keys, values = [], []
     for g in grads:
@@ -372,6 +385,18 @@ def _fused_parts(var, grads, bp_v2, prepare):
 
 
 # ---- numpy side: one call per dynamic variable per step -------------------------------------
+def _step_many(rule, items, step, lr):
+    """The fused steps (``_step(..., inverse=...)``) of several plain tables, ``items``
+    ``[(var, (keys, inverse, rows))]``, in one kernel call (:func:`numbaemb.multi.apply_many`;
+    the same results as one ``_step`` a table)."""
+    ne_multi.apply_many([v.table for v, _ in items], rule, [p[0] for _, p in items],
+                        [p[2] for _, p in items], [p[1] for _, p in items],
+                        [take_fresh(v, p[0]) for v, p in items], step=step, learning_rate=lr)
+    for var, (keys, _, _) in items:
+        if var.restrict_policy is not None:
+            var.restrict_policy.update(keys)
+
+
 def _step(var, rule, keys, grads, step, lr, bp_v2, distinct=False, inverse=None):
     var.insert_initial_values(keys)          # callable initializers: rows the loss saw
     fresh = take_fresh(var, keys) if distinct and not bp_v2 else None

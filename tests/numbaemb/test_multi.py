@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 import numbaemb as ne
 from jit_kernels.segment import unique_inverse
 from numbaemb import initializers as I
-from numbaemb.multi import fits, lookup_many
+from numbaemb.multi import apply_many, fits, lookup_many
 
 INT64_MIN, INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 EXTREMES = [INT64_MIN, INT64_MAX, -1, 0]
@@ -137,3 +137,92 @@ def test_rows_are_never_torn_by_concurrent_writers():
     for th in readers:
         th.join(60)
     assert not errors, errors[0]
+
+
+# ---- apply_many: one optimizer step on several tables -----------------------------------------
+OPTIMIZERS = [ne.optimizers.SGD(0.1), ne.optimizers.SGD(0.1, momentum=0.9, nesterov=True),
+              ne.optimizers.Adagrad(0.2, initial_accumulator_value=0.3),
+              ne.optimizers.Adam(0.05), ne.optimizers.Adam(0.05, amsgrad=True),
+              ne.optimizers.Ftrl(0.1, l1_regularization_strength=0.01, beta=0.5),
+              ne.optimizers.RMSprop(0.02, momentum=0.5, centered=True)]
+
+
+def training_tables():
+    return [ne.Variable(dim=4, initializer=I.RandomNormal(stddev=0.1), seed=3),
+            ne.Variable(dim=3, value_dtype=np.float64, initializer=I.RandomUniform(-1, 1), seed=4),
+            ne.Variable(dim=2, initializer=0.25)]
+
+
+def batch(rng, t, with_rows):
+    """Distinct keys (extremes first), a position -> key map and per-position rows; with
+    ``with_rows`` the initial rows a lookup would have drawn for some of the keys."""
+    keys = np.unique(np.concatenate([EXTREMES, rng.integers(-40, 40, 30)]))
+    keys = np.concatenate([EXTREMES, keys[~np.isin(keys, EXTREMES)]])
+    rng.shuffle(keys[4:])
+    inverse = rng.integers(0, keys.size, 3 * keys.size)
+    inverse[:keys.size] = np.arange(keys.size)                 # every key has a position
+    grads = rng.standard_normal((inverse.size, [4, 3, 2][t])).astype([np.float32, np.float64,
+                                                                       np.float32][t])
+    rows = None
+    if with_rows:
+        valid = rng.random(keys.size) < 0.5
+        rows = (rng.standard_normal((keys.size, grads.shape[1])).astype(grads.dtype), valid)
+    return keys, inverse, grads, rows
+
+
+def state(table, optimizer):
+    keys, vals = table.export()
+    order = np.argsort(keys)
+    slots = [ne.optimizers.slot_values(table, optimizer, name, keys[order])
+             for name, _ in optimizer.slots()]
+    return keys[order], vals[order], slots
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=repr)
+def test_apply_many_equals_apply_gradients_table_by_table(optimizer):
+    together, alone = training_tables(), training_tables()
+    rng = np.random.default_rng(7)
+    for step in range(1, 5):
+        batches = [batch(rng, t, with_rows=step % 2 == 0) for t in range(3)]
+        if step == 3:                       # free rows are reused
+            for tables in (together, alone):
+                tables[0].remove(batches[0][0][::4])
+        apply_many(together, optimizer, [b[0] for b in batches], [b[2] for b in batches],
+                   [b[1] for b in batches], [b[3] for b in batches], step=step)
+        for table, (k, inv, g, rows) in zip(alone, batches):
+            ne.optimizers.apply_gradients(table, optimizer, k, g, step=step, inverse=inv,
+                                          initial_rows=rows)
+    for a, b in zip(together, alone):
+        ka, va, sa = state(a, optimizer)
+        kb, vb, sb = state(b, optimizer)
+        np.testing.assert_array_equal(ka, kb)
+        np.testing.assert_array_equal(va, vb)
+        for x, y in zip(sa, sb):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_apply_many_checks_everything_before_applying():
+    tables = training_tables()[:2]
+    k, g, inv = [np.array([1, 2])] * 2, [np.ones((2, 4), np.float32), np.ones((2, 3))], \
+        [np.array([0, 1])] * 2
+    adam = ne.optimizers.Adam(0.1)
+    bad = [
+        (dict(inverse=[np.array([0, 2]), np.array([0, 1])]), ValueError, r"inverse\[0\]"),
+        (dict(grads=[np.ones((2, 4), np.float32), np.ones((2, 5))]), ValueError, r"grads\[1\]"),
+        (dict(keys=[np.array([1.5, 2])] * 2), TypeError, r"keys\[0\]"),
+        (dict(initial_rows=[None, (np.ones((2, 3)), np.ones(3, bool))]), ValueError,
+         r"initial_rows\[1\]\[1\]"),
+        (dict(keys=k[:1]), ValueError, "keys must have one entry per table"),
+    ]
+    for change, error, match in bad:
+        args = {**dict(keys=k, grads=g, inverse=inv, initial_rows=[None, None]), **change}
+        with pytest.raises(error, match=match):
+            apply_many(tables, adam, args["keys"], args["grads"], args["inverse"],
+                       args["initial_rows"], step=1)
+        assert [t.size() for t in tables] == [0, 0]
+    with pytest.raises(ValueError, match=r"step must be"):
+        apply_many(tables, adam, k, g, inv, [None, None], step=0)
+    bounded = ne.Variable(dim=3, max_capacity=10)
+    with pytest.raises(ValueError, match=r"tables\[1\] cannot be trained with others"):
+        apply_many([tables[0], bounded], adam, k, g, inv, [None, None], step=1)
+    assert [t.size() for t in tables] == [0, 0]
