@@ -87,36 +87,84 @@ def lookup_many(tables, keys, unique=False, outs=None):
     return results
 
 
+# Kernels take tables in fixed-size chunks (the last one padded with empty tables): Numba
+# compiles a tuple argument per length, and its compile time grows fast with the length
+# (one kernel of 16 tables: 20 s), so one size serves every number of tables.
+CHUNK = 4
+
+
+def _chunked(kernel, per_table, dummy, shared=()):
+    """Call ``kernel`` once per chunk of ``CHUNK`` tables: ``per_table`` is one tuple of
+    arguments per table, in the kernel's order after ``shared``; ``dummy`` the
+    arguments of an empty table.  Numpy scalars (``np.generic``) and Python numbers
+    become one array per chunk; arrays become tuples.  Returns the scalar arrays of
+    each chunk (the kernel's per-table outputs), as lists over the tables."""
+    n = len(per_table)
+    outs = []
+    for lo in range(0, n, CHUNK):
+        rows = per_table[lo:lo + CHUNK]
+        rows = rows + [dummy] * (CHUNK - len(rows))
+        args = []
+        for j, first in enumerate(dummy):
+            column = [r[j] for r in rows]
+            args.append(tuple(column) if isinstance(first, np.ndarray)
+                        else np.array(column, type(first)))
+        kernel(*shared, *args)
+        outs.append([a for a in args if not isinstance(a, tuple)])
+    return [np.concatenate([o[j] for o in outs])[:n] for j in range(len(outs[0]))] if outs else []
+
+
+def _lookup_dummy(dtype):
+    empty = np.empty(0, np.int64)
+    rows = np.empty((0, 1), dtype)
+    return (empty, _empty_slots(), np.int64(15), rows, rows, np.empty(0, np.bool_), np.int64(0),
+            np.float64(0), np.float64(0), np.int64(0), np.zeros(1), empty, empty, np.int64(0),
+            np.empty(0, np.bool_), rows, np.int64(0))
+
+
+_EMPTY = []
+
+
+def _empty_slots():
+    """The index of an empty table (a padding entry of a chunk; never probed)."""
+    if not _EMPTY:
+        from jit_kernels.slots import empty_slots
+        _EMPTY.append(empty_slots(16))
+    return _EMPTY[0]
+
+
 def _run(group, tables, keys, outs, unique, results):
-    shards = [tables[t].shards[0] for t in group]
-    inits = [s.columns["values"].init for s in shards]
-    ks = tuple(keys[t] for t in group)
-    out = tuple(outs[t] for t in group)
-    exists = tuple(np.empty(k.shape[0], np.bool_) for k in ks)
-    n = len(group)
-    if unique:
-        uniq = tuple(np.empty(k.shape[0], np.int64) for k in ks)
-        inverse = tuple(np.empty(k.shape[0], np.int64) for k in ks)
-        valid = tuple(np.empty(k.shape[0], np.bool_) for k in ks)
-        kept = tuple(np.empty_like(o) for o in out)
-    else:                          # (unread: typed as the real ones)
-        uniq, inverse, valid, kept = ks, ks, exists, out
-    n_uniq, n_absent = np.zeros(n, np.int64), np.zeros(n, np.int64)
-    lookup_tables(ks, tuple(s.slots for s in shards), np.array([s.mask for s in shards], np.int64),
-                  tuple(s.values for s in shards), out, exists,
-                  np.array([i[0] for i in inits], np.int64),
-                  np.array([i[1] for i in inits], np.float64),
-                  np.array([i[2] for i in inits], np.float64),
-                  np.array([i[3] for i in inits], np.int64),
-                  tuple(np.ascontiguousarray(i[4], np.float64) for i in inits),
-                  unique, uniq, inverse, n_uniq, valid, kept, n_absent)
+    per_table = []
+    for t in group:
+        s, k = tables[t].shards[0], keys[t]
+        kind, a, b, seed, const = s.columns["values"].init
+        n = k.shape[0]
+        exists = np.empty(n, np.bool_)
+        if unique:
+            extra = (np.empty(n, np.int64), np.empty(n, np.int64), np.int64(0),
+                     np.empty(n, np.bool_), np.empty_like(outs[t]), np.int64(0))
+        else:                      # (unread: typed as the real ones)
+            extra = (k, k, np.int64(0), exists, outs[t], np.int64(0))
+        per_table.append((k, s.slots, np.int64(s.mask), s.values, outs[t], exists,
+                          np.int64(kind), np.float64(a), np.float64(b), np.int64(seed),
+                          np.ascontiguousarray(const, np.float64)) + extra)
+    masks, kinds, a_, b_, seeds, n_uniq, n_absent = _chunked(
+        lambda *args: _lookup_chunk(unique, *args), per_table,
+        _lookup_dummy(tables[group[0]].value_dtype))
     for j, t in enumerate(group):
+        row = per_table[j]
         if not unique:
-            results[t] = Looked(out[j], exists[j])
+            results[t] = Looked(row[4], row[5])
             continue
         u = int(n_uniq[j])
-        absent = (valid[j][:u], kept[j][:u]) if n_absent[j] else None
-        results[t] = Looked(out[j], exists[j], uniq[j][:u], inverse[j], absent)
+        absent = (row[14][:u], row[15][:u]) if n_absent[j] else None
+        results[t] = Looked(row[4], row[5], row[11][:u], row[12], absent)
+
+
+def _lookup_chunk(unique, keys, slots, masks, values, out, exists, kinds, a, b, seeds, consts,
+                  uniq, inverse, n_uniq, valid, kept, n_absent):
+    lookup_tables(keys, slots, masks, values, out, exists, kinds, a, b, seeds, consts, unique,
+                  uniq, inverse, n_uniq, valid, kept, n_absent)
 
 
 def trains_with_others(table) -> bool:
@@ -199,31 +247,27 @@ def _apply_group(group, tables, optimizer, rule, slot_names, h, flag, s0):
     shards = [tables[t].shards[0] for t, *_ in group]
     for shard, (_, k, *_) in zip(shards, group):
         shard._reserve(k)                    # room for the absent ids (grows, rehashes)
-    inits = [s.columns["values"].init for s in shards]
-    cols = [[s.columns[optimizer.column(n)].data if n else s.values for n in slot_names]
-            for s in shards]
-    ks = tuple(k for _, k, *_ in group)
-    u = [k.shape[0] for k in ks]
-    rows = tuple(np.empty(m, np.int64) for m in u)
-    inserted = tuple(np.empty(m, np.bool_) for m in u)
-    sums = tuple(np.empty((m, s.dim), s.values.dtype) for m, s in zip(u, shards))
-    w0 = tuple(np.empty_like(x) for x in sums)
-    kept = tuple(x[4] if x[4] is not None else w for x, w in zip(group, w0))
-    valid = tuple(x[5] if x[5] is not None else i for x, i in zip(group, inserted))
-    alloc = np.zeros(len(group), np.int64)
-    apply_tables(RULES[rule], h, bool(flag), s0, ks, tuple(x[2] for x in group),
-                 tuple(x[3] for x in group), sums, tuple(s.slots for s in shards),
-                 np.array([s.mask for s in shards], np.int64),
-                 tuple(s.free_rows for s in shards),
-                 np.array([s.free_rows.shape[0] for s in shards], np.int64),
-                 np.array([s.fresh for s in shards], np.int64), alloc, rows, inserted,
-                 tuple(s.values for s in shards), tuple(c[0] for c in cols),
-                 tuple(c[1] for c in cols), tuple(c[2] for c in cols), valid, kept,
-                 np.array([x[4] is not None for x in group]),
-                 np.array([i[0] for i in inits], np.int64),
-                 np.array([i[1] for i in inits], np.float64),
-                 np.array([i[2] for i in inits], np.float64),
-                 np.array([i[3] for i in inits], np.int64),
-                 tuple(np.ascontiguousarray(i[4], np.float64) for i in inits), w0)
+    per_table = []
+    for s, (_, k, inv, g, kept, valid) in zip(shards, group):
+        kind, ia, ib, seed, const = s.columns["values"].init
+        u = k.shape[0]
+        cols = [s.columns[optimizer.column(n)].data if n else s.values for n in slot_names]
+        sums = np.empty((u, s.dim), s.values.dtype)
+        w0 = np.empty_like(sums)
+        inserted = np.empty(u, np.bool_)
+        per_table.append((k, inv, g, sums, s.slots, np.int64(s.mask), s.free_rows,
+                          np.int64(s.free_rows.shape[0]), np.int64(s.fresh), np.int64(0),
+                          np.empty(u, np.int64), inserted, s.values, *cols,
+                          inserted if valid is None else valid, w0 if kept is None else kept,
+                          np.bool_(kept is not None), np.int64(kind), np.float64(ia),
+                          np.float64(ib), np.int64(seed), np.ascontiguousarray(const, np.float64),
+                          w0))
+    empty, rows = np.empty(0, np.int64), np.empty((0, 1), shards[0].values.dtype)
+    dummy = (empty, empty, rows, rows, _empty_slots(), np.int64(15), empty, np.int64(0),
+             np.int64(0), np.int64(0), empty, np.empty(0, np.bool_), rows, rows, rows, rows,
+             np.empty(0, np.bool_), rows, np.bool_(False), np.int64(0), np.float64(0),
+             np.float64(0), np.int64(0), np.zeros(1), rows)
+    # per-table numbers, in order: masks, n_free, fresh_start, alloc (rows taken), ...
+    alloc = _chunked(apply_tables, per_table, dummy, shared=(RULES[rule], h, flag, s0))[3]
     for shard, taken in zip(shards, alloc):
         shard._take_rows(int(taken))

@@ -226,3 +226,27 @@ def test_apply_many_checks_everything_before_applying():
     with pytest.raises(ValueError, match=r"tables\[1\] cannot be trained with others"):
         apply_many([tables[0], bounded], adam, k, g, inv, [None, None], step=1)
     assert [t.size() for t in tables] == [0, 0]
+
+
+def test_many_tables_go_in_padded_chunks():
+    """More tables than one kernel call takes (numbaemb.multi.CHUNK): several calls, the
+    last padded with empty tables; lookups and steps still equal the oracle."""
+    from numbaemb import multi
+    n = 2 * multi.CHUNK + 1
+    rng = np.random.default_rng(11)
+    tables = [ne.Variable(dim=1 + t % 3, initializer=I.RandomNormal(), seed=t) for t in range(n)]
+    twins = [ne.Variable(dim=1 + t % 3, initializer=I.RandomNormal(), seed=t) for t in range(n)]
+    keys = [np.concatenate([EXTREMES, rng.integers(-9, 9, 20)]) for _ in range(n)]
+    check_against_oracle(tables, keys, unique=True)
+    res = lookup_many(tables, keys, unique=True)
+    grads = [rng.standard_normal((k.size, t.dim)).astype(np.float32) for k, t in zip(keys, tables)]
+    rows = [None if r.absent is None else (r.absent[1], r.absent[0]) for r in res]
+    apply_many(tables, ne.optimizers.Adam(0.1), [r.uniq for r in res], grads,
+               [r.inverse for r in res], rows, step=1)
+    for twin, r, g, ir in zip(twins, res, grads, rows):
+        ne.optimizers.apply_gradients(twin, ne.optimizers.Adam(0.1), r.uniq, g, step=1,
+                                      inverse=r.inverse, initial_rows=ir)
+    for a, b in zip(tables, twins):
+        np.testing.assert_array_equal(state(a, ne.optimizers.Adam(0.1))[1],
+                                      state(b, ne.optimizers.Adam(0.1))[1])
+    check_against_oracle(tables, keys, unique=False)
