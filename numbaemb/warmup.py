@@ -85,6 +85,22 @@ def _warm_pair(ne, segment, key_dtype, value_dtype, timed, verbose):
     w = ne.Variable(4, key_dtype=key_dtype, value_dtype=value_dtype, name="warm_fused")
     timed("Adam, per-position gradients (a Keras step's)", lambda: ne.optimizers.apply_gradients(
         w, ne.optimizers.Adam(0.1), uniq.astype(key_dtype), rows, step=1, inverse=inverse))
+    if segment.PARALLEL_MIN != 0:       # (always parallel: once a dtype pair)
+        timed("many tables in one kernel call", lambda: _warm_many(ne, key_dtype, value_dtype))
+
+
+def _warm_many(ne, key_dtype, value_dtype):
+    """The multi-table kernels (``numbaemb.multi``; a Keras model's tables, stepped
+    together by ``DynamicEmbeddingOptimizer``): a lookup, a training lookup, a step."""
+    from numbaemb import multi
+    tables = [ne.Variable(d, key_dtype=key_dtype, value_dtype=value_dtype, name=f"warm_many{d}")
+              for d in (2, 3)]
+    keys = [np.arange(-5, 5, dtype=key_dtype)] * 2
+    multi.lookup_many(tables, keys)
+    got = multi.lookup_many(tables, keys, unique=True)
+    multi.apply_many(tables, ne.optimizers.Adam(0.1), [g.uniq for g in got],
+                     [np.ones((10, t.dim), value_dtype) for t in tables],
+                     [g.inverse for g in got], [None, None], step=1)
 
 
 def main(argv=None):
