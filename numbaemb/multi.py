@@ -24,7 +24,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from jit_kernels.multi import RULES, apply_tables, lookup_tables
+from jit_kernels.multi import RULES, addresses, apply_tables, lookup_tables
 
 from .bounded import BoundedShard
 from .shard import Shard
@@ -87,84 +87,35 @@ def lookup_many(tables, keys, unique=False, outs=None):
     return results
 
 
-# Kernels take tables in fixed-size chunks (the last one padded with empty tables): Numba
-# compiles a tuple argument per length, and its compile time grows fast with the length
-# (one kernel of 16 tables: 20 s), so one size serves every number of tables.
-CHUNK = 4
-
-
-def _chunked(kernel, per_table, dummy, shared=()):
-    """Call ``kernel`` once per chunk of ``CHUNK`` tables: ``per_table`` is one tuple of
-    arguments per table, in the kernel's order after ``shared``; ``dummy`` the
-    arguments of an empty table.  Numpy scalars (``np.generic``) and Python numbers
-    become one array per chunk; arrays become tuples.  Returns the scalar arrays of
-    each chunk (the kernel's per-table outputs), as lists over the tables."""
-    n = len(per_table)
-    outs = []
-    for lo in range(0, n, CHUNK):
-        rows = per_table[lo:lo + CHUNK]
-        rows = rows + [dummy] * (CHUNK - len(rows))
-        args = []
-        for j, first in enumerate(dummy):
-            column = [r[j] for r in rows]
-            args.append(tuple(column) if isinstance(first, np.ndarray)
-                        else np.array(column, type(first)))
-        kernel(*shared, *args)
-        outs.append([a for a in args if not isinstance(a, tuple)])
-    return [np.concatenate([o[j] for o in outs])[:n] for j in range(len(outs[0]))] if outs else []
-
-
-def _lookup_dummy(dtype):
-    empty = np.empty(0, np.int64)
-    rows = np.empty((0, 1), dtype)
-    return (empty, _empty_slots(), np.int64(15), rows, rows, np.empty(0, np.bool_), np.int64(0),
-            np.float64(0), np.float64(0), np.int64(0), np.zeros(1), empty, empty, np.int64(0),
-            np.empty(0, np.bool_), rows, np.int64(0))
-
-
-_EMPTY = []
-
-
-def _empty_slots():
-    """The index of an empty table (a padding entry of a chunk; never probed)."""
-    if not _EMPTY:
-        from jit_kernels.slots import empty_slots
-        _EMPTY.append(empty_slots(16))
-    return _EMPTY[0]
-
-
 def _run(group, tables, keys, outs, unique, results):
-    per_table = []
+    per_table, sizes, init = [], [], []
     for t in group:
-        s, k = tables[t].shards[0], keys[t]
+        s, k, out = tables[t].shards[0], keys[t], outs[t]
         kind, a, b, seed, const = s.columns["values"].init
+        const = np.ascontiguousarray(const, np.float64)
         n = k.shape[0]
         exists = np.empty(n, np.bool_)
         if unique:
-            extra = (np.empty(n, np.int64), np.empty(n, np.int64), np.int64(0),
-                     np.empty(n, np.bool_), np.empty_like(outs[t]), np.int64(0))
-        else:                      # (unread: typed as the real ones)
-            extra = (k, k, np.int64(0), exists, outs[t], np.int64(0))
-        per_table.append((k, s.slots, np.int64(s.mask), s.values, outs[t], exists,
-                          np.int64(kind), np.float64(a), np.float64(b), np.int64(seed),
-                          np.ascontiguousarray(const, np.float64)) + extra)
-    masks, kinds, a_, b_, seeds, n_uniq, n_absent = _chunked(
-        lambda *args: _lookup_chunk(unique, *args), per_table,
-        _lookup_dummy(tables[group[0]].value_dtype))
+            extra = [np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.bool_),
+                     np.empty_like(out)]
+        else:                          # (never touched)
+            extra = [k, k, exists, out]
+        per_table.append([k, s.slots, s.values, out, exists, const] + extra)
+        sizes.append((n, s.dim, s.values.shape[0], s.slots.shape[0], const.shape[0]))
+        init.append((s.mask, kind, a, b, seed))
+    masks, kinds, a, b, seeds = (np.array(c) for c in zip(*init))
+    n_uniq, n_absent = np.zeros(len(group), np.int64), np.zeros(len(group), np.int64)
+    lookup_tables(addresses(per_table), np.array(sizes, np.int64), masks.astype(np.int64),
+                  kinds.astype(np.int64), a.astype(np.float64), b.astype(np.float64),
+                  seeds.astype(np.int64), unique, n_uniq, n_absent, per_table[0][2][:0])
     for j, t in enumerate(group):
-        row = per_table[j]
+        arrays = per_table[j]
         if not unique:
-            results[t] = Looked(row[4], row[5])
+            results[t] = Looked(arrays[3], arrays[4])
             continue
         u = int(n_uniq[j])
-        absent = (row[14][:u], row[15][:u]) if n_absent[j] else None
-        results[t] = Looked(row[4], row[5], row[11][:u], row[12], absent)
-
-
-def _lookup_chunk(unique, keys, slots, masks, values, out, exists, kinds, a, b, seeds, consts,
-                  uniq, inverse, n_uniq, valid, kept, n_absent):
-    lookup_tables(keys, slots, masks, values, out, exists, kinds, a, b, seeds, consts, unique,
-                  uniq, inverse, n_uniq, valid, kept, n_absent)
+        absent = (arrays[8][:u], arrays[9][:u]) if n_absent[j] else None
+        results[t] = Looked(arrays[3], arrays[4], arrays[6][:u], arrays[7], absent)
 
 
 def trains_with_others(table) -> bool:
@@ -247,27 +198,28 @@ def _apply_group(group, tables, optimizer, rule, slot_names, h, flag, s0):
     shards = [tables[t].shards[0] for t, *_ in group]
     for shard, (_, k, *_) in zip(shards, group):
         shard._reserve(k)                    # room for the absent ids (grows, rehashes)
-    per_table = []
+    per_table, sizes, numbers = [], [], []
     for s, (_, k, inv, g, kept, valid) in zip(shards, group):
         kind, ia, ib, seed, const = s.columns["values"].init
-        u = k.shape[0]
+        const = np.ascontiguousarray(const, np.float64)
         cols = [s.columns[optimizer.column(n)].data if n else s.values for n in slot_names]
+        if any(c.shape != s.values.shape for c in cols):
+            raise RuntimeError("a slot column and the values of a shard differ in shape")
+        u = k.shape[0]
         sums = np.empty((u, s.dim), s.values.dtype)
         w0 = np.empty_like(sums)
         inserted = np.empty(u, np.bool_)
-        per_table.append((k, inv, g, sums, s.slots, np.int64(s.mask), s.free_rows,
-                          np.int64(s.free_rows.shape[0]), np.int64(s.fresh), np.int64(0),
-                          np.empty(u, np.int64), inserted, s.values, *cols,
-                          inserted if valid is None else valid, w0 if kept is None else kept,
-                          np.bool_(kept is not None), np.int64(kind), np.float64(ia),
-                          np.float64(ib), np.int64(seed), np.ascontiguousarray(const, np.float64),
-                          w0))
-    empty, rows = np.empty(0, np.int64), np.empty((0, 1), shards[0].values.dtype)
-    dummy = (empty, empty, rows, rows, _empty_slots(), np.int64(15), empty, np.int64(0),
-             np.int64(0), np.int64(0), empty, np.empty(0, np.bool_), rows, rows, rows, rows,
-             np.empty(0, np.bool_), rows, np.bool_(False), np.int64(0), np.float64(0),
-             np.float64(0), np.int64(0), np.zeros(1), rows)
-    # per-table numbers, in order: masks, n_free, fresh_start, alloc (rows taken), ...
-    alloc = _chunked(apply_tables, per_table, dummy, shared=(RULES[rule], h, flag, s0))[3]
+        per_table.append([k, inv, g, sums, s.slots, s.free_rows, np.empty(u, np.int64),
+                          inserted, s.values, *cols, inserted if valid is None else valid,
+                          w0 if kept is None else kept, const, w0])
+        sizes.append((u, inv.shape[0], s.dim, s.values.shape[0], s.slots.shape[0],
+                      s.free_rows.shape[0], const.shape[0]))
+        numbers.append((s.mask, s.fresh, kept is not None, kind, ia, ib, seed))
+    masks, fresh, has_kept, kinds, ia, ib, seeds = (np.array(c) for c in zip(*numbers))
+    alloc = np.zeros(len(group), np.int64)
+    apply_tables(RULES[rule], h, flag, s0, addresses(per_table), np.array(sizes, np.int64),
+                 masks.astype(np.int64), fresh.astype(np.int64), alloc, has_kept.astype(np.bool_),
+                 kinds.astype(np.int64), ia.astype(np.float64), ib.astype(np.float64),
+                 seeds.astype(np.int64), shards[0].values[:0])
     for shard, taken in zip(shards, alloc):
         shard._take_rows(int(taken))

@@ -228,11 +228,10 @@ def test_apply_many_checks_everything_before_applying():
     assert [t.size() for t in tables] == [0, 0]
 
 
-def test_many_tables_go_in_padded_chunks():
-    """More tables than one kernel call takes (numbaemb.multi.CHUNK): several calls, the
-    last padded with empty tables; lookups and steps still equal the oracle."""
-    from numbaemb import multi
-    n = 2 * multi.CHUNK + 1
+def test_nine_tables_of_three_widths_equal_the_oracle():
+    """Nine tables of three widths in one call (arrays reach the kernel as addresses:
+    any number of tables, one compile); lookups and an Adam step equal the oracle."""
+    n = 9
     rng = np.random.default_rng(11)
     tables = [ne.Variable(dim=1 + t % 3, initializer=I.RandomNormal(), seed=t) for t in range(n)]
     twins = [ne.Variable(dim=1 + t % 3, initializer=I.RandomNormal(), seed=t) for t in range(n)]
