@@ -2,13 +2,17 @@
 :func:`apply_many`).
 
 For a model with many small tables: one parallel kernel looks every table up
-(:func:`jit_kernels.multi.lookup_tables`, a table per thread at a time), where
-table-by-table calls each pay the Python around a kernel and run serially.
+(:func:`jit_kernels.multi.lookup_tables`, a table per thread at a time), or
+applies every table's optimizer step (:func:`jit_kernels.multi.apply_tables`),
+where table-by-table calls each pay the Python around a kernel and run serially.
 Results are those of :meth:`numbaemb.Variable.lookup` (and of
-:func:`jit_kernels.segment.unique_inverse`) table by table, bit for bit.
+:func:`jit_kernels.segment.unique_inverse`) and of
+:func:`numbaemb.optimizers.apply_gradients` table by table, bit for bit.
 
-Only plain tables take this path (:func:`fits`): CPU, one shard, int keys,
-32/64-bit values, no key range; the caller looks other tables up one by one.
+Only plain tables take this path (:func:`fits`: CPU, one shard, int keys,
+32/64-bit values, no key range; to train, :func:`trains_with_others`: also no
+bound, admission filter, steps-to-live or ``max_keys``); the caller handles the
+other tables one by one.
 
 >>> import numpy as np, numbaemb as ne
 >>> a, b = ne.Variable(dim=2, initializer=1.0), ne.Variable(dim=3, initializer=2.0)
@@ -154,7 +158,12 @@ def apply_many(tables, optimizer, keys, grads, inverse, initial_rows, *, step,
                       ("initial_rows", initial_rows)):
         if len(arg) != n:
             raise ValueError(f"{name} must have one entry per table ({n}), got {len(arg)}")
+    seen = {}
     for t, table in enumerate(tables):
+        if id(table) in seen:       # (its two steps would run at once, on one table)
+            raise ValueError(f"tables[{t}] is tables[{seen[id(table)]}]: a table may be "
+                             "stepped once a call")
+        seen[id(table)] = t
         if not trains_with_others(table):
             raise ValueError(f"tables[{t}] cannot be trained with others (see "
                              "numbaemb.multi.trains_with_others); apply its step on its own")

@@ -222,6 +222,9 @@ def test_apply_many_checks_everything_before_applying():
         assert [t.size() for t in tables] == [0, 0]
     with pytest.raises(ValueError, match=r"step must be"):
         apply_many(tables, adam, k, g, inv, [None, None], step=0)
+    with pytest.raises(ValueError, match=r"tables\[1\] is tables\[0\]"):
+        apply_many([tables[0], tables[0]], adam, [k[0], k[0]], [g[0], g[0]], inv,
+                   [None, None], step=1)
     bounded = ne.Variable(dim=3, max_capacity=10)
     with pytest.raises(ValueError, match=r"tables\[1\] cannot be trained with others"):
         apply_many([tables[0], bounded], adam, k, g, inv, [None, None], step=1)
