@@ -459,7 +459,10 @@ class Variable:
     def accum(self, keys, old_values, new_values, exists):
         """Add ``new - old`` where the key is present and ``exists``; insert ``new``
         where it is absent and not ``exists``; ignore the rest (TFRA semantics,
-        applied in batch order)."""
+        applied in batch order).  Not on a bounded table (``max_capacity``): ValueError."""
+        if self.max_capacity is not None:
+            raise ValueError(f"table {self.name!r}: accum (and bp_v2 steps, which use it) is "
+                             "not supported on a bounded table (max_capacity) yet")
         keys, flat = self._keys(keys, insert=True)
         old = self._operands(old_values, keys.shape, "old_values")
         new = self._operands(new_values, keys.shape, "new_values")

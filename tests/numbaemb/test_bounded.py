@@ -219,8 +219,14 @@ def test_bad_bounded_arguments():
         v.upsert(np.array([1]), np.ones((1, 2)), scores=np.array([3]))
     with pytest.raises(ValueError, match="bounded tables"):
         ne.Variable(2).find_or_insert(np.array([1]), return_evicted=True)
-    with pytest.raises(NotImplementedError, match="accum"):
+    with pytest.raises(ValueError, match="accum"):
         v.accum(np.array([1]), np.ones((1, 2)), np.ones((1, 2)), np.array([False]))
+    before = v.export()
+    with pytest.raises(ValueError, match="delta"):        # bp_v2 steps: refused up front
+        ne.optimizers.apply_gradients(v, ne.optimizers.Adam(0.1), np.array([1, 99]),
+                                      np.ones((2, 2), np.float32), step=1, delta=True)
+    after = v.export()
+    assert np.array_equal(np.sort(before[0]), np.sort(after[0]))
     assert v.size() == 0
 
 

@@ -148,3 +148,12 @@ def test_split_tables_gathered_state_merges_the_ranks_filters_and_clocks():
     merged = state(decode_filter(meta["admission"]))[1]
     assert sorted(merged["keys"].tolist()) == [1, 2, 3, 10, 11, 110, 111]
     assert meta["bounded"]["clock"] == 2
+
+
+def test_bp_v2_on_a_bounded_table_is_refused_when_built():
+    """bp_v2 steps add through accum, which a bounded table lacks: refused at
+    construction, not at the first training step."""
+    with pytest.raises(ValueError, match="bp_v2=True is not supported with max_capacity"):
+        de.Variable(dim=2, max_capacity=8, bp_v2=True, name="bp_v2_bounded")
+    with pytest.raises(ValueError, match="bp_v2=True is not supported with max_capacity"):
+        de.keras.layers.Embedding(2, max_capacity=8, bp_v2=True)
