@@ -208,3 +208,23 @@ def test_bad_structure_and_arguments_raise_naming_them():
         lookup_many([v, "table"], [one, one])
     with pytest.raises(ValueError, match="handles must be None or one entry per table"):
         lookup_many([v], [one], handles=[])
+
+
+def test_reloads_and_serves_without_numbaemb(tmp_path):
+    """A model whose tables live in a MultiEmbedding: .keras reload and a SavedModel
+    served by a process without numbaemb predict what the model predicts."""
+    from .serving_helpers import reload_and_serve
+    x, y = data()
+    inp = keras.Input((3, 2), dtype="int64")
+    feats = [keras.layers.Reshape((2,))(keras.layers.Cropping1D((f, 2 - f))(inp))
+             for f in range(3)]                      # feature f: (n, 2), serializable layers
+    layer = de.keras.layers.MultiEmbedding(DIMS, name=name(), combiner="mean")
+    out = keras.layers.Dense(1)(keras.layers.Concatenate()(layer(feats)))
+    model = keras.Model(inp, out)
+    model.compile(de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.05)), "mse")
+    stacked = np.stack(x, axis=1)                                   # (n, 3, 2)
+    model.fit(stacked, y, batch_size=16, epochs=2, verbose=0)
+    query = np.concatenate([stacked[:5], np.full((1, 3, 2), 10 ** 12, np.int64)])
+    want, served = reload_and_serve(model, query, tmp_path)
+    np.testing.assert_allclose(served["serve"], want, rtol=1e-6)
+    np.testing.assert_allclose(served["signature"], want, rtol=1e-6)
