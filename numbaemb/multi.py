@@ -30,6 +30,8 @@ import numpy as np
 
 from jit_kernels.multi import RULES, addresses, apply_tables, lookup_tables
 
+from . import _checks
+from . import optimizers as opt
 from .bounded import BoundedShard
 from .shard import Shard
 from .variable import Variable
@@ -150,8 +152,6 @@ def apply_many(tables, optimizer, keys, grads, inverse, initial_rows, *, step,
     >>> a.lookup(np.array([7])).tolist(), b.lookup(np.array([3, 4])).ravel().tolist()
     ([[0.0, 0.0]], [0.0, -0.5])
     """
-    from . import optimizers as opt
-    from . import _checks
     tables = list(tables)
     n = len(tables)
     for name, arg in (("keys", keys), ("grads", grads), ("inverse", inverse),

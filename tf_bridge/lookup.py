@@ -256,7 +256,8 @@ def lookup_many(params, ids, handles=None, name=None):
     per table: a trainable handle's value (training, as :func:`unique_lookup` with
     ``handle``; each table's gradient is its own ``IndexedSlices``) or None
     (inference: every position looked up directly, as ``params[t]._lookup``).
-    Results are the per-table calls' bit for bit.  Split (MPI) tables, eager calls
+    Plain CPU tables are looked up together in one kernel call
+    (:func:`numbaemb.multi.lookup_many`).  Results are the per-table calls' bit for bit.  Split (MPI) tables, eager calls
     and serving exports take the per-table path.
 
     >>> import tensorflow as tf, tf_bridge as de
@@ -282,7 +283,8 @@ def lookup_many(params, ids, handles=None, name=None):
             or any(p.distributed for p in params)):
         return [p._lookup(i, False, record=False) if h is None else unique_lookup(p, i, h)
                 for p, i, h in zip(params, ids, handles)]
-    forwards = [_direct(p) if h is None else _forward(p, True) for p, h in zip(params, handles)]
+    forwards = [(lambda *a, p=p: p._np_direct(a)) if h is None else _forward(p, True)
+                for p, h in zip(params, handles)]
     inputs = [p._key_inputs(i) for p, i in zip(params, ids)]
     together = [_joins(p, h is not None) for p, h in zip(params, handles)]
 
@@ -325,7 +327,7 @@ def _joins(params, train):
 
 
 def _lookup_group(params, arrays, train):
-    """The forwards' outputs (:func:`_forward` training, else :func:`_direct`) of the
+    """The forwards' outputs (:func:`_forward` training, else ``Variable._np_direct``) of the
     tables ``params`` for their key arrays, from one kernel call."""
     keys = [np.asarray(a).reshape(-1) for a in arrays]
     looked = ne_multi.lookup_many([p.table for p in params], keys, unique=train,
@@ -338,14 +340,6 @@ def _lookup_group(params, arrays, train):
         out.append((got.rows, got.uniq.astype(p.id_dtype.as_numpy_dtype, copy=False),
                     got.inverse))
     return out
-
-
-def _direct(params):
-    """An inference forward: every position's row (``params._lookup``'s numpy side)."""
-    def forward(*arrays):
-        keys = params._np_keys(*arrays)
-        return params._np_lookup(keys, False, False, out=params._pooled(keys))
-    return forward
 
 
 # ---- initial rows of absent ids, from the forward to the optimizer step ---------------------

@@ -368,13 +368,8 @@ class Variable(tf.__internal__.tracking.Trackable):
         if serve is not None:
             return serve(self, keys, return_exists)
         tout = [self.value_dtype, tf.bool] if return_exists else [self.value_dtype]
-
-        def run(*arrays):
-            keys = self._np_keys(*arrays)
-            return self._np_lookup(keys, return_exists, record, out=self._pooled(keys))
-
-        out = numpy_call(run, self._key_inputs(keys), tout, name=name,
-                         collective=self.distributed)
+        out = numpy_call(lambda *arrays: self._np_direct(arrays, return_exists, record),
+                         self._key_inputs(keys), tout, name=name, collective=self.distributed)
         out[0].set_shape(keys.shape.concatenate([self.dim]))
         if return_exists:
             out[1].set_shape(keys.shape)
@@ -401,6 +396,12 @@ class Variable(tf.__internal__.tracking.Trackable):
         if self.distributed or not (isinstance(keys, np.ndarray) and keys.dtype.kind in "iu"):
             return None
         return _pool(self).empty((keys.size, self.dim), self.value_dtype.as_numpy_dtype)
+
+    def _np_direct(self, arrays, return_exists=False, record=False):
+        """:meth:`_lookup`'s numpy side: every position's row of the key arrays
+        ``arrays`` (:meth:`_key_inputs`), into a buffer of the pool."""
+        keys = self._np_keys(*arrays)
+        return self._np_lookup(keys, return_exists, record, out=self._pooled(keys))
 
     def _np_lookup(self, keys, return_exists, record, out=None):
         if self.string_keys and not (isinstance(keys, np.ndarray) and keys.dtype.kind in "iu"):
