@@ -41,6 +41,7 @@ import numpy as np
 from numba import njit, prange
 
 from .cpu_table import prefetch_write
+from .halfs import load, store
 from .slots import DELETED, EMPTY, first_slot, next_slot
 
 LRU, LFU, EPOCH_LRU, EPOCH_LFU, CUSTOM = 0, 1, 2, 3, 4
@@ -223,3 +224,50 @@ def bounded_insert(slots, mask, keys, given, scores, meta, batch, rows, where, i
         rows[i] = r
         inserted[i] = True
     return taken, n_ev, d_deleted, size
+
+
+# ---- TFRA accum on a bounded table ------------------------------------------------------------
+@njit(nogil=True, cache=True)
+def accum_plan(order, starts, present, exists, touch):
+    """``touch[g]``: the position of key group ``g`` (``order[starts[g]:starts[g + 1]]``,
+    in batch order) at which a sequential ``accum`` first finds (present and
+    ``exists``) or inserts (absent and not ``exists``) the key, else -1.  ``present``
+    (n,): the key is in the table when the call starts."""
+    for g in range(starts.shape[0] - 1):
+        touch[g] = -1
+        for j in range(starts[g], starts[g + 1]):
+            p = order[j]
+            if exists[p] == present[p]:
+                touch[g] = p
+                break
+
+
+@njit(nogil=True, cache=True)
+def accum_apply(order, starts, touch, touch_rows, present, values, old, new, exists, rows,
+                inserted):
+    """Replay each key group in batch order once its row is known (``touch_rows[g]``;
+    -1: the key was not admitted, so its positions do nothing): a key present at the
+    start adds ``new - old`` at every ``exists`` position; an absent one is written
+    ``new`` at ``touch[g]``, then adds at every later ``exists`` position.  ``rows[p]``
+    gets the row touched (or -1), ``inserted[p]`` marks the inserting position.
+    16-bit rows add in float32 and round once (:mod:`jit_kernels.halfs`)."""
+    for g in range(starts.shape[0] - 1):
+        r = touch_rows[g]
+        live = present[order[starts[g]]]
+        for j in range(starts[g], starts[g + 1]):
+            p = order[j]
+            rows[p] = -1
+            inserted[p] = False
+            if r < 0:
+                continue
+            row = values[r]
+            if not live and p == touch[g]:
+                for c in range(row.shape[0]):
+                    store(row, c, new[p, c])
+                live = True
+                inserted[p] = True
+                rows[p] = r
+            elif live and exists[p]:
+                for c in range(row.shape[0]):
+                    store(row, c, load(row, c) + (new[p, c] - old[p, c]))
+                rows[p] = r

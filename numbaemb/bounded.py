@@ -146,5 +146,22 @@ class BoundedShard(Shard):
         self._kernels.assign_rows(self.values, rows, values, numba.get_num_threads())
         return rows
 
-    def accum(self, keys, old, new, exists):
-        raise NotImplementedError("accum on a bounded table (max_capacity) is not supported yet")
+    def accum(self, keys, old, new, exists, **kw):
+        """TFRA accum (see :func:`jit_kernels.cpu_table.accum_groups`) with bounded
+        inserts: each key is found or inserted once, at its first position that does
+        something (scores touched, evictions as an insert's, in batch order); a key not
+        admitted does nothing at any of its positions (a sequential loop would try it
+        again at its next absent, not-``exists`` position)."""
+        order = np.argsort(keys, kind="stable")
+        starts = self._kernels.group_starts(keys[order])
+        present = self.find_rows(keys) >= 0
+        touch = np.empty(starts.shape[0] - 1, np.int64)
+        kb.accum_plan(order, starts, present, exists, touch)
+        acts = touch >= 0
+        pos = np.sort(touch[acts])               # the acting positions, in batch order
+        rows, inserted = self._insert(keys[pos], **kw)     # kw: the clock, epoch (no scores)
+        self._init_new(rows, keys[pos], inserted, skip=("values",))
+        touch_rows = np.full(touch.shape[0], -1, np.int64)
+        touch_rows[acts] = rows[np.searchsorted(pos, touch[acts])]
+        kb.accum_apply(order, starts, touch, touch_rows, present, self.values, old, new, exists,
+                       np.empty(keys.shape[0], np.int64), np.empty(keys.shape[0], np.bool_))

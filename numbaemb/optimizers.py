@@ -311,9 +311,6 @@ def apply_gradients(variable, optimizer, ids, grads, *, step, learning_rate=None
         return
     _check(variable, optimizer)
     step, lr = _step_and_rate(optimizer, step, learning_rate)
-    if delta and getattr(variable, "max_capacity", None) is not None:
-        raise ValueError(f"delta (bp_v2) steps are not supported on a bounded table "
-                         f"(max_capacity) yet: table {variable.name!r}")
     if getattr(variable, "device", "cpu") != "cpu":
         from ._device_step import apply_on_device
         apply_on_device(variable, optimizer, ids, grads, step, lr, assume_unique, delta,

@@ -459,21 +459,20 @@ class Variable:
     def accum(self, keys, old_values, new_values, exists):
         """Add ``new - old`` where the key is present and ``exists``; insert ``new``
         where it is absent and not ``exists``; ignore the rest (TFRA semantics,
-        applied in batch order).  Not on a bounded table (``max_capacity``): ValueError."""
-        if self.max_capacity is not None:
-            raise ValueError(f"table {self.name!r}: accum (and bp_v2 steps, which use it) is "
-                             "not supported on a bounded table (max_capacity) yet")
+        applied in batch order; a bounded table acts on a key once a call, see
+        :meth:`numbaemb.bounded.BoundedShard.accum`)."""
         keys, flat = self._keys(keys, insert=True)
         old = self._operands(old_values, keys.shape, "old_values")
         new = self._operands(new_values, keys.shape, "new_values")
         ex = self._arrays.exists(exists, keys.shape)
         take = self._arrays.take
         with self._lock.write():
+            kw = self._bound_kw(None, keys.shape)          # a bounded table's clock tick
             for shard, pos, k in self._parts(keys, flat):
                 if pos is None:
-                    shard.accum(k, old, new, ex)
+                    shard.accum(k, old, new, ex, **kw)
                 else:
-                    shard.accum(k, take(old, pos), take(new, pos), take(ex, pos))
+                    shard.accum(k, take(old, pos), take(new, pos), take(ex, pos), **kw)
 
     def remove(self, keys):
         """Remove ``keys``; absent keys are ignored."""

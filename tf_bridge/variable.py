@@ -280,9 +280,6 @@ class Variable(tf.__internal__.tracking.Trackable):
         # integer tables (id maps, counters) are read and written, never trained
         self.trainable = bool(trainable) and self.value_dtype.is_floating
         self.checkpoint, self.bp_v2 = bool(checkpoint), bool(bp_v2)
-        if self.bp_v2 and max_capacity is not None:
-            raise ValueError("bp_v2=True is not supported with max_capacity yet (a bounded "
-                             "table has no accum); pass one of them")
         string = self.key_dtype == tf.string
         opts = dict(key_dtype="string" if string else self.key_dtype.as_numpy_dtype,
                     value_dtype=self.value_dtype.as_numpy_dtype)

@@ -15,12 +15,14 @@ import tempfile
 
 import numpy as np
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import numbaemb as ne
 from numbaemb import optimizers as O
+
+INT64_MIN, INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 
 I64 = np.iinfo(np.int64)
 EXTREME = [int(I64.min), int(I64.max), -1, 0]
@@ -219,15 +221,53 @@ def test_bad_bounded_arguments():
         v.upsert(np.array([1]), np.ones((1, 2)), scores=np.array([3]))
     with pytest.raises(ValueError, match="bounded tables"):
         ne.Variable(2).find_or_insert(np.array([1]), return_evicted=True)
-    with pytest.raises(ValueError, match="accum"):
-        v.accum(np.array([1]), np.ones((1, 2)), np.ones((1, 2)), np.array([False]))
-    before = v.export()
-    with pytest.raises(ValueError, match="delta"):        # bp_v2 steps: refused up front
-        ne.optimizers.apply_gradients(v, ne.optimizers.Adam(0.1), np.array([1, 99]),
-                                      np.ones((2, 2), np.float32), step=1, delta=True)
-    after = v.export()
-    assert np.array_equal(np.sort(before[0]), np.sort(after[0]))
     assert v.size() == 0
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([INT64_MIN, INT64_MAX, -1, 0, 1, 2, 3, 7]),
+                          st.booleans(), st.integers(-3, 3), st.integers(-3, 3)),
+                min_size=1, max_size=12), st.integers(0, 4))
+def test_accum_equals_an_unbounded_table_while_nothing_is_evicted(batch, seed):
+    """TFRA accum (batch order, repeats, exists flags, extreme keys) on a bounded table
+    that never fills: exactly the unbounded table's result."""
+    keys = np.array([b[0] for b in batch], np.int64)
+    exists = np.array([b[1] for b in batch])
+    old = np.array([[b[2], -b[2]] for b in batch], np.float32)
+    new = np.array([[b[3], 2 * b[3]] for b in batch], np.float32)
+    start = np.array([INT64_MIN, 1, 3], np.int64)[:seed % 4]
+    tables = [ne.Variable(2, max_capacity=64, evict="lfu"), ne.Variable(2)]
+    for t in tables:
+        t.upsert(start, np.full((start.size, 2), 5.0, np.float32))
+        t.accum(keys, old, new, exists)
+    (ka, va), (kb, vb) = (t.export() for t in tables)
+    oa, ob = np.argsort(ka), np.argsort(kb)
+    np.testing.assert_array_equal(ka[oa], kb[ob])
+    np.testing.assert_array_equal(va[oa], vb[ob])
+
+
+def test_accum_on_a_full_table_evicts_within_capacity():
+    v = ne.Variable(1, max_capacity=4, evict="lru", initializer=0.0)
+    v.upsert(np.array([1, 2, 3, 4]), np.ones((4, 1), np.float32))
+    v.upsert(np.array([3, 4]), np.full((2, 1), 2.0, np.float32))      # 1, 2 are the oldest
+    old, new = np.zeros((3, 1), np.float32), np.full((3, 1), 7.0, np.float32)
+    v.accum(np.array([10, 3, 11]), old, new, np.array([False, True, False]))
+    keys, vals = v.export()
+    got = dict(zip(keys.tolist(), vals[:, 0].tolist()))
+    assert got == {3: 9.0, 4: 2.0, 10: 7.0, 11: 7.0}       # 1 and 2 evicted, 3 += 7
+    assert sorted(v.shards[0].last_evicted[0].tolist()) == [1, 2]
+
+
+def test_bp_v2_steps_on_a_bounded_table_stay_within_capacity():
+    v = ne.Variable(2, max_capacity=6, evict="lru", initializer=0.0)
+    opt = ne.optimizers.Adam(0.1)
+    for step in range(1, 6):
+        ids = np.arange(step * 3, step * 3 + 4)
+        ne.optimizers.apply_gradients(v, opt, ids, np.ones((4, 2), np.float32), step=step,
+                                      delta=True)
+        assert v.size() <= 6
+    keys, vals = v.export()
+    assert set(keys.tolist()) <= set(range(3, 19)) and (vals < 0).all()   # trained down
 
 
 def test_stream_hit_rate_is_near_an_exact_lru_cache():

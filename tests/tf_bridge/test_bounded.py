@@ -150,10 +150,16 @@ def test_split_tables_gathered_state_merges_the_ranks_filters_and_clocks():
     assert meta["bounded"]["clock"] == 2
 
 
-def test_bp_v2_on_a_bounded_table_is_refused_when_built():
-    """bp_v2 steps add through accum, which a bounded table lacks: refused at
-    construction, not at the first training step."""
-    with pytest.raises(ValueError, match="bp_v2=True is not supported with max_capacity"):
-        de.Variable(dim=2, max_capacity=8, bp_v2=True, name="bp_v2_bounded")
-    with pytest.raises(ValueError, match="bp_v2=True is not supported with max_capacity"):
-        de.keras.layers.Embedding(2, max_capacity=8, bp_v2=True)
+def test_bp_v2_layer_on_a_bounded_table_trains_within_capacity():
+    """bp_v2 steps add through accum, which a bounded table applies with its evictions."""
+    import keras
+    layer = de.keras.layers.Embedding(4, max_capacity=50, bp_v2=True, name="bp_v2_bounded")
+    inp = keras.Input((2,), dtype="int64")
+    model = keras.Model(inp, keras.layers.Dense(1)(keras.layers.Flatten()(layer(inp))))
+    model.compile(de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.05)), "mse")
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 200, (256, 2)).astype(np.int64)
+    y = (x % 7).sum(1, keepdims=True).astype(np.float32)
+    hist = model.fit(x, y, batch_size=32, epochs=3, verbose=0).history["loss"]
+    assert hist[-1] < hist[0]
+    assert 0 < int(layer.params.size()) <= 50
