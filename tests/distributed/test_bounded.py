@@ -181,3 +181,27 @@ def test_mismatched_eviction_arguments_raise_on_every_rank():
     with pytest.raises(ValueError, match="custom"):   # scores on an "lru" table: everywhere
         v.find_or_insert(np.arange(3), scores=np.ones(3, np.int64))
     agree(v.size() == 0)
+
+
+def accum_args(call, rank):
+    """Rank ``rank``'s accum arguments at ``call``: keys (repeats, extremes), old and new
+    rows, exists flags."""
+    keys = batch(call, rank)[:20]
+    rng = np.random.default_rng(7000 + 100 * call + rank)
+    old = rng.integers(-3, 3, (keys.size, 2)).astype(np.float32)
+    new = rng.integers(-3, 3, (keys.size, 2)).astype(np.float32)
+    return keys, old, new, rng.random(keys.size) < 0.5
+
+
+def test_accum_on_split_bounded_tables_runs_each_owners_bounds():
+    """Every position goes to its owner (ranks in order, batch order within), whose
+    bounded table applies accum as one process fed that sequence does."""
+    kw = dict(max_capacity=25, evict="lru", evict_window=8, initializer=INIT)
+    v = ne.Variable(2, comm=COMM, name="bounded_accum", **kw)
+    oracle = ne.Variable(2, **kw)
+    for call in range(8):
+        parts = [accum_args(call, r) for r in range(WORLD)]
+        v.accum(*parts[RANK])
+        mine = [[a[default_owners(p[0], WORLD, 64) == RANK] for a in p] for p in parts]
+        oracle.accum(*(np.concatenate([m[j] for m in mine]) for j in range(4)))
+    agree(v.local_size() <= 25 and v.local_size() > 0 and same_table(v, oracle))
