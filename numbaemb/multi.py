@@ -93,12 +93,17 @@ def lookup_many(tables, keys, unique=False, outs=None):
     return results
 
 
+def _initializer(shard):
+    """``(kind, a, b, seed, constants (float64, C-contiguous))`` of ``shard``'s values."""
+    kind, a, b, seed, const = shard.columns["values"].init
+    return kind, a, b, seed, np.ascontiguousarray(const, np.float64)
+
+
 def _run(group, tables, keys, outs, unique, results):
     per_table, sizes, init = [], [], []
     for t in group:
         s, k, out = tables[t].shards[0], keys[t], outs[t]
-        kind, a, b, seed, const = s.columns["values"].init
-        const = np.ascontiguousarray(const, np.float64)
+        kind, a, b, seed, const = _initializer(s)
         n = k.shape[0]
         exists = np.empty(n, np.bool_)
         if unique:
@@ -172,14 +177,11 @@ def apply_many(tables, optimizer, keys, grads, inverse, initial_rows, *, step,
     work = []
     for t, table in enumerate(tables):
         k = _checks.flat_int64(table._host_keys(keys[t], insert=True, name=f"keys[{t}]"))
-        inv = _checks.as_inverse(inverse[t], k.size, f"inverse[{t}]").reshape(-1)
-        g = _checks.as_values(grads[t], inv.shape, table.dim, table.value_dtype, f"grads[{t}]")
+        inv, g = opt._position_rows(table, grads[t], inverse[t], k.size, f"[{t}]")
         kept = valid = None
         if initial_rows[t] is not None:
-            kept = np.ascontiguousarray(table._values(initial_rows[t][0], k.shape,
-                                                      f"initial_rows[{t}][0]"))
-            valid = np.ascontiguousarray(_checks.as_exists(initial_rows[t][1], k.shape,
-                                                           f"initial_rows[{t}][1]"))
+            kept, valid = (np.ascontiguousarray(a) for a in
+                           opt._initial_rows(table, initial_rows[t], k.shape, f"[{t}]"))
         work.append((t, k, inv, np.ascontiguousarray(g), kept, valid))
     name, slot_names, hyper, flag = optimizer._rule(lr, step, np.float32)
     init = dict(optimizer.slots())
@@ -209,8 +211,7 @@ def _apply_group(group, tables, optimizer, rule, slot_names, h, flag, s0):
         shard._reserve(k)                    # room for the absent ids (grows, rehashes)
     per_table, sizes, numbers = [], [], []
     for s, (_, k, inv, g, kept, valid) in zip(shards, group):
-        kind, ia, ib, seed, const = s.columns["values"].init
-        const = np.ascontiguousarray(const, np.float64)
+        kind, ia, ib, seed, const = _initializer(s)
         cols = [s.columns[optimizer.column(n)].data if n else s.values for n in slot_names]
         if any(c.shape != s.values.shape for c in cols):
             raise RuntimeError("a slot column and the values of a shard differ in shape")

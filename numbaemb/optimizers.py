@@ -318,9 +318,7 @@ def apply_gradients(variable, optimizer, ids, grads, *, step, learning_rate=None
         return
     keys = variable._host_keys(ids, insert=True, name="ids")
     if inverse is not None:                  # per-position rows: summed here, then applied
-        inverse = _checks.as_inverse(inverse, keys.size, "inverse").reshape(-1)
-        g = _checks.as_values(grads, inverse.shape, variable.dim,
-                              _checks.compute_dtype(variable.value_dtype), "grads")
+        inverse, g = _position_rows(variable, grads, inverse, keys.size)
         keys = keys.reshape(-1)
         assume_unique = True
         g = segment_sum(g, inverse, keys.shape[0], numba.get_num_threads())
@@ -328,9 +326,7 @@ def apply_gradients(variable, optimizer, ids, grads, *, step, learning_rate=None
         g = _checks.as_values(grads, keys.shape, variable.dim,
                               _checks.compute_dtype(variable.value_dtype), "grads")
     if initial_rows is not None and assume_unique and not delta:
-        init_vals, init_ok = initial_rows
-        init_vals = variable._values(init_vals, keys.shape, "initial_rows[0]")   # as stored
-        init_ok = _checks.as_exists(init_ok, keys.shape, "initial_rows[1]")
+        init_vals, init_ok = _initial_rows(variable, initial_rows, keys.shape)
     else:
         init_vals = init_ok = None
     if keys.size == 0:
@@ -374,6 +370,22 @@ def apply_gradients(variable, optimizer, ids, grads, *, step, learning_rate=None
                     for name, _ in optimizer.slots()}
             optimizer._update(shard.values, cols, rows, g, lr, step, fresh, w0)
             mark_updated(shard, rows, step)         # (steps_to_live tables)
+
+
+def _position_rows(variable, grads, inverse, n_keys, at=""):
+    """``(inverse (n,), grads (n, dim))`` checked: one gradient row per position, in the
+    table's compute dtype, and each position's index into ``n_keys`` distinct ids
+    (``at``: the argument names' suffix, e.g. ``"[3]"``)."""
+    inverse = _checks.as_inverse(inverse, n_keys, f"inverse{at}").reshape(-1)
+    return inverse, _checks.as_values(grads, inverse.shape, variable.dim,
+                                      _checks.compute_dtype(variable.value_dtype), f"grads{at}")
+
+
+def _initial_rows(variable, initial_rows, shape, at=""):
+    """``initial_rows = (rows, valid)`` checked for ids of ``shape``: rows as stored."""
+    rows, valid = initial_rows
+    return (variable._values(rows, shape, f"initial_rows{at}[0]"),
+            _checks.as_exists(valid, shape, f"initial_rows{at}[1]"))
 
 
 def _add_slot_columns(variable, optimizer):

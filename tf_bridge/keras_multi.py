@@ -119,8 +119,8 @@ class MultiEmbedding(keras.layers.Layer):
         train = training is not False and mode.is_training()
         handles = [tf.convert_to_tensor(t.handle) if train and t.trainable else None
                    for t in self.tables]
-        direct = [t for t, h in zip(self.tables, handles) if h is None and t.with_unique]
-        if direct:           # with_unique inference: per table, as the Embedding layer does
+        if any(h is None and t.with_unique for t, h in zip(self.tables, handles)):
+            # with_unique inference: per table, as the Embedding layer does
             return self._packed([t(i, training=training) for t, i in zip(self.tables, ids)])
         keys = [t._dense_ids(i, f"inputs[{n}]") for n, (t, i) in enumerate(zip(self.tables, ids))]
         embs = lookup_many([t.params for t in self.tables], keys, handles,

@@ -393,8 +393,7 @@ def _step_many(rule, items, step, lr):
                         [p[2] for _, p in items], [p[1] for _, p in items],
                         [take_fresh(v, p[0]) for v, p in items], step=step, learning_rate=lr)
     for var, (keys, _, _) in items:
-        if var.restrict_policy is not None:
-            var.restrict_policy.update(keys)
+        _restricted(var, keys)
 
 
 def _step(var, rule, keys, grads, step, lr, bp_v2, distinct=False, inverse=None):
@@ -403,6 +402,11 @@ def _step(var, rule, keys, grads, step, lr, bp_v2, distinct=False, inverse=None)
     ne_opt.apply_gradients(var.table, rule, keys, grads, step=step, learning_rate=lr,
                            assume_unique=distinct, delta=bp_v2, inverse=inverse,
                            initial_rows=fresh)   # initial rows the lookup drew: not redrawn
+    _restricted(var, keys)
+
+
+def _restricted(var, keys):
+    """After a step on ``keys``: ``var``'s restrict policy records them."""
     if var.restrict_policy is not None:
         var.restrict_policy.update(keys)
 
