@@ -403,17 +403,17 @@ def build(threads):
             at += tot
 
     # ---- optimizer steps: a batch's gradient rows summed per id and applied ----------------
-    # One tile of lanes per distinct id: each lane sums its columns (lane, lane + tile, ...)
+    # One tile of lanes per distinct id: each lane sums its block of columns
     # of the id's positions' gradient rows, in batch order from zero (segment_sum's bits),
     # then runs the CPU's own row body (jit_kernels.optimizers) on those columns: the bodies
-    # are element-wise, so a strided view of the row is a row to them.
+    # are element-wise, so a block of the row's columns is a row to them.
     sgd_row, adagrad_row = _body(_opt.sgd_row), _body(_opt.adagrad_row)
     adam_row, ftrl_row = _body(_opt.adam_row), _body(_opt.ftrl_row)
     rmsprop_row = _body(_opt.rmsprop_row)
 
     @jit(device=True)
-    def group_sum(grads, order, lo, hi, acc, lane, lanes):
-        for c in range(lane, acc.shape[0], lanes):
+    def group_sum(grads, order, lo, hi, acc, c0, c1):
+        for c in range(c0, c1):
             acc[c] = 0
             for p in range(lo, hi):
                 acc[c] += grads[order[p], c]
@@ -439,11 +439,6 @@ def build(threads):
     def rmsprop(w, a, b, c, g, h, flag):
         rmsprop_row(w, a, b, c, g, h[0], h[1], h[2], h[3], flag)
 
-    @jit(device=True)
-    def row_view(col, spill, split, r, lane, lanes):
-        """This lane's columns of row ``r`` of a column split at ``split``."""
-        return col[r, lane::lanes] if r < split else spill[r - split, lane::lanes]
-
     def update_kernel(rule):
         def update(w, ws, wn, a, as_, an, b, bs, bn, c, cs, cn, rows, grads, order, starts,
                    acc, h, flag, log_t):
@@ -452,16 +447,24 @@ def build(threads):
             tid = cuda.grid(1)
             lanes = 1 << log_t
             lane = tid & (lanes - 1)
+            # this lane's columns [c0, c1) of the row, a contiguous block
+            per = (grads.shape[1] + lanes - 1) >> log_t
+            c0 = min(lane * per, grads.shape[1])
+            c1 = min(c0 + per, grads.shape[1])
             for i in range(tid >> log_t, rows.shape[0], cuda.gridsize(1) >> log_t):
                 if starts.shape[0] == 0:
-                    g = grads[i, lane::lanes]
+                    g = grads[i, c0:c1]
                 else:
-                    group_sum(grads, order, starts[i], starts[i + 1], acc[i], lane, lanes)
-                    g = acc[i, lane::lanes]
+                    group_sum(grads, order, starts[i], starts[i + 1], acc[i], c0, c1)
+                    g = acc[i, c0:c1]
                 r = rows[i]
-                rule(row_view(w, ws, wn, r, lane, lanes), row_view(a, as_, an, r, lane, lanes),
-                     row_view(b, bs, bn, r, lane, lanes), row_view(c, cs, cn, r, lane, lanes),
-                     g, h, flag)
+                # the views are made here: a CUDA device function may return only an
+                # argument array, not a view of one
+                rw = w[r, c0:c1] if r < wn else ws[r - wn, c0:c1]
+                ra = a[r, c0:c1] if r < an else as_[r - an, c0:c1]
+                rb = b[r, c0:c1] if r < bn else bs[r - bn, c0:c1]
+                rc = c[r, c0:c1] if r < cn else cs[r - cn, c0:c1]
+                rule(rw, ra, rb, rc, g, h, flag)
         return jit(update)
 
     for name, rule in (("sgd", sgd), ("adagrad", adagrad), ("adam", adam), ("ftrl", ftrl),

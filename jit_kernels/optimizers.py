@@ -10,7 +10,12 @@ dtype of the weight row: scalars are cast to it once per row (``g`` must
 have that dtype).  16-bit float weight rows (:mod:`jit_kernels.halfs`) are
 computed in float32 (``g`` and the slots float32) and rounded once on store.  A slot an option does not use (SGD momentum at momentum 0,
 Adam ``vhat`` without amsgrad, RMSprop momentum / average gradient) is never
-read or written: pass any row of the right type, e.g. ``w``.
+read or written: pass any row of the right type, e.g. ``w``.  Options branch
+outside the column loops, never inside one: on an H200 (numba-cuda 0.30.4) the
+bodies with a branch inside their loop (then sgd, adam, rmsprop) ran only the
+loop's first iteration in the CUDA update kernel, while adagrad and ftrl were
+right (a minimal kernel with a branch in an inlined loop ran correctly, so
+the cause was not isolated).
 
 Each ``*_rows`` driver applies its body to ``values[rows[i]]`` with gradient
 ``grads[i]`` for every i; ``rows`` must be distinct (one update per unique
@@ -48,15 +53,18 @@ def sgd_row(w, m, g, lr, momentum, nesterov):
     """Plain: ``w -= lr g``.  With momentum: ``m = momentum m - lr g``, then
     ``w += m`` or, Nesterov, ``w += momentum m - lr g``."""
     lr_t, mu = compute_cast(w, lr), compute_cast(w, momentum)
-    for c in range(w.shape[0]):
-        if momentum == 0.0:
+    # options branch outside the column loops (see the module docstring)
+    if momentum == 0.0:
+        for c in range(w.shape[0]):
             store(w, c, load(w, c) - g[c] * lr_t)
-        else:
+    elif nesterov:
+        for c in range(w.shape[0]):
             m[c] = m[c] * mu - g[c] * lr_t
-            if nesterov:
-                store(w, c, load(w, c) + (m[c] * mu - g[c] * lr_t))
-            else:
-                store(w, c, load(w, c) + m[c])
+            store(w, c, load(w, c) + (m[c] * mu - g[c] * lr_t))
+    else:
+        for c in range(w.shape[0]):
+            m[c] = m[c] * mu - g[c] * lr_t
+            store(w, c, load(w, c) + m[c])
 
 
 @njit(**_row)
@@ -76,14 +84,17 @@ def adam_row(w, m, v, vhat, g, alpha, beta_1, beta_2, epsilon, amsgrad):
     ``alpha = lr sqrt(1 - beta_2^t) / (1 - beta_1^t)`` once per 1-based step t."""
     alpha_t, c1 = compute_cast(w, alpha), compute_cast(w, 1.0 - beta_1)
     c2, eps = compute_cast(w, 1.0 - beta_2), compute_cast(w, epsilon)
-    for c in range(w.shape[0]):
-        m[c] += (g[c] - m[c]) * c1
-        v[c] += (g[c] * g[c] - v[c]) * c2
-        vc = v[c]
-        if amsgrad:
-            vhat[c] = max(vhat[c], vc)
-            vc = vhat[c]
-        store(w, c, load(w, c) - m[c] * alpha_t / (math.sqrt(vc) + eps))
+    if amsgrad:
+        for c in range(w.shape[0]):
+            m[c] += (g[c] - m[c]) * c1
+            v[c] += (g[c] * g[c] - v[c]) * c2
+            vhat[c] = max(vhat[c], v[c])
+            store(w, c, load(w, c) - m[c] * alpha_t / (math.sqrt(vhat[c]) + eps))
+    else:
+        for c in range(w.shape[0]):
+            m[c] += (g[c] - m[c]) * c1
+            v[c] += (g[c] * g[c] - v[c]) * c2
+            store(w, c, load(w, c) - m[c] * alpha_t / (math.sqrt(v[c]) + eps))
 
 
 @njit(**_row)
@@ -114,19 +125,26 @@ def rmsprop_row(w, vel, mom, avg, g, lr, rho, momentum, epsilon, centered):
     w -= mom``, else ``w -= inc``."""
     lr_t, r, r1 = compute_cast(w, lr), compute_cast(w, rho), compute_cast(w, 1.0 - rho)
     mu, eps = compute_cast(w, momentum), compute_cast(w, epsilon)
-    for c in range(w.shape[0]):
-        vel[c] = r * vel[c] + r1 * (g[c] * g[c])
-        if centered:
+    if centered and momentum > 0.0:
+        for c in range(w.shape[0]):
+            vel[c] = r * vel[c] + r1 * (g[c] * g[c])
             avg[c] = r * avg[c] + r1 * g[c]
-            den = vel[c] - avg[c] * avg[c] + eps
-        else:
-            den = vel[c] + eps
-        inc = lr_t * g[c] / math.sqrt(den)
-        if momentum > 0.0:
-            mom[c] = mu * mom[c] + inc
+            mom[c] = mu * mom[c] + lr_t * g[c] / math.sqrt(vel[c] - avg[c] * avg[c] + eps)
             store(w, c, load(w, c) - mom[c])
-        else:
-            store(w, c, load(w, c) - inc)
+    elif centered:
+        for c in range(w.shape[0]):
+            vel[c] = r * vel[c] + r1 * (g[c] * g[c])
+            avg[c] = r * avg[c] + r1 * g[c]
+            store(w, c, load(w, c) - lr_t * g[c] / math.sqrt(vel[c] - avg[c] * avg[c] + eps))
+    elif momentum > 0.0:
+        for c in range(w.shape[0]):
+            vel[c] = r * vel[c] + r1 * (g[c] * g[c])
+            mom[c] = mu * mom[c] + lr_t * g[c] / math.sqrt(vel[c] + eps)
+            store(w, c, load(w, c) - mom[c])
+    else:
+        for c in range(w.shape[0]):
+            vel[c] = r * vel[c] + r1 * (g[c] * g[c])
+            store(w, c, load(w, c) - lr_t * g[c] / math.sqrt(vel[c] + eps))
 
 
 @njit(nogil=True, cache=True, inline="always")

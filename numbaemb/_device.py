@@ -146,7 +146,10 @@ class DeviceArrays:
             d = self._device(values, name)
             if d is None:
                 arr = _checks.as_values(values, key_shape, dim, dtype, name)
-                return self.cuda.to_device(arr)
+                store = _checks.storage_dtype(arr.dtype)
+                if store == arr.dtype:
+                    return self.cuda.to_device(arr)
+                return self.cuda.to_device(arr.view(store)).view(arr.dtype)   # bfloat16
             if not _checks.is_real(d.dtype):
                 raise _checks.DtypeError(f"{name} must hold real numbers ({dtype} for this table), "
                                 f"got dtype {d.dtype}")
@@ -190,8 +193,11 @@ class DeviceArrays:
     def host(self, a):
         if isinstance(a, np.ndarray):
             return a
+        store = _checks.storage_dtype(a.dtype)
         with self.on():
-            return a.copy_to_host()
+            if store == a.dtype:
+                return a.copy_to_host()
+            return a.view(store).copy_to_host().view(a.dtype)   # bfloat16: no buffer format
 
     def positions(self, pos):
         with self.on():

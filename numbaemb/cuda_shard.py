@@ -194,6 +194,17 @@ class CudaShard(IndexedRows):
             k.find_rows(self.slots, self.mask, keys, rows)
             return rows
 
+    def read_rows(self, column, keys):
+        """As ``Shard.read_rows``: the found rows gathered on the device, then copied."""
+        with self.on():
+            rows = self.find_rows(keys).copy_to_host()
+            found = rows >= 0
+            data = self.columns[column].data
+            out = self.cuda.device_array((int(found.sum()), data.shape[1]), data.dtype)
+            if out.shape[0]:
+                k.gather(data, self.to_device(rows[found]), out)
+            return found, out.copy_to_host()
+
     def find_or_insert(self, keys, out=None):
         """See :meth:`numbaemb.shard.IndexedRows.find_or_insert` (``out`` a device array).
 

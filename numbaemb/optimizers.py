@@ -454,7 +454,6 @@ def slot_values(variable, optimizer, slot_name, ids):
             col = shard.columns.get(optimizer.column(slot_name))
             if col is None:
                 continue
-            rows = shard.find_rows(k)
-            hit = rows >= 0
-            out[hit if pos is None else pos[hit]] = col.data[rows[hit]]
+            hit, rows = shard.read_rows(optimizer.column(slot_name), k)
+            out[hit if pos is None else pos[hit]] = rows
     return out.reshape(keys.shape + (variable.dim,))

@@ -229,6 +229,13 @@ class Shard(IndexedRows):
         k.find_rows(self.slots, self.mask, keys, rows)
         return rows
 
+    def read_rows(self, column, keys):
+        """``(found, rows)``: which of ``keys`` (n,) are present and a host copy of their
+        rows of ``column`` (``found.sum()``, width), in key order."""
+        rows = self.find_rows(keys)
+        found = rows >= 0
+        return found, self.columns[column].data[rows[found]]
+
     def find_or_insert_for_update(self, keys, values, valid, columns, **kw):
         """Rows of ``keys`` for an update that starts the new rows itself, in its own
         pass (:mod:`jit_kernels.optimizers`' ``fresh`` rows): returns ``(rows,

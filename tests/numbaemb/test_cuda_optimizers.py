@@ -90,8 +90,18 @@ def test_device_steps_on_16_bit_tables_match_the_cpu(value_dtype):
         for v in (cpu, gpu):
             apply_gradients(v, rule, ids, grads, step=step)
     keys = np.unique(ids)
-    for a, b in zip(state(cpu, rule, keys), state(gpu, rule, keys)):
-        np.testing.assert_array_equal(np.asarray(b, np.float32), np.asarray(a, np.float32))
+    (w_cpu, *slots_cpu), (w_gpu, *slots_gpu) = state(cpu, rule, keys), state(gpu, rule, keys)
+    w_cpu, w_gpu = np.asarray(w_cpu, np.float32), np.asarray(w_gpu, np.float32)
+    if SIMULATOR:
+        np.testing.assert_array_equal(w_gpu, w_cpu)
+        for a, b in zip(slots_cpu, slots_gpu):
+            np.testing.assert_array_equal(b, a)
+    else:   # a GPU may fuse a multiply-add or round a division differently (float32 slots:
+        # 1 ulp seen on an H200), which can move a 16-bit weight by one 16-bit step
+        eps = float(np.finfo(np.float16).eps) if value_dtype == "float16" else 2.0 ** -7
+        np.testing.assert_allclose(w_gpu, w_cpu, rtol=eps, atol=1e-7)
+        for a, b in zip(slots_cpu, slots_gpu):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
 
 
 def test_device_step_takes_device_arrays_and_applies_nothing_on_bad_input():
