@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The GPU checks in one go, for a lent GPU machine (no TensorFlow there):
+# the CUDA tests on the real GPU, then bench_cuda.py and bench_hybrid.py.
+# Logs go to $OUT (or ./gpu_logs). Each step has its own time limit, and a
+# failing step does not stop the next.
+#   bash benchmarks/run_gpu.sh
+OUT=${OUT:-gpu_logs}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
+{ nvidia-smi -L; python3 -c "import sys, numpy, numba, numba.cuda as c, cupy; print(sys.version.split()[0], 'numpy', numpy.__version__, 'numba', numba.__version__, 'cupy', cupy.__version__, c.get_current_device().name)"
+  python3 -c "import numba_cuda; print('numba-cuda', numba_cuda.__version__)"; } 2>&1 | tee "$OUT/versions.txt"
+step() { local limit=$1 name=$2; shift 2; echo "== $name: $*"; local t0=$SECONDS
+  timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.txt"; echo "== $name: rc ${PIPESTATUS[0]}, $((SECONDS - t0)) s"; }
+step ${TESTS_S:-200} tests python3 -m pytest -m cuda -q -p no:cacheprovider tests
+step ${BENCH_S:-190} bench_cuda python3 benchmarks/bench_cuda.py --repeats ${REPEATS:-7} --profile
+step ${HYBRID_S:-100} bench_hybrid python3 benchmarks/bench_hybrid.py --repeats ${REPEATS:-7}
