@@ -1,0 +1,109 @@
+"""Record the argument types of every CUDA kernel launch while the CUDA tables run
+a workload under the simulator, so that ``tests/jit_kernels/test_cuda_ptx.py``
+can compile each launch for a real GPU on a machine without one.
+
+The simulator runs kernels as Python and accepts code that a GPU compiler
+rejects (a device function returning a view of its argument did, once), so
+the simulator tests alone do not show that the kernels compile.
+
+    NUMBA_ENABLE_CUDASIM=1 python -m tests.cuda_launches OUT.pkl
+
+OUT.pkl holds ``{"kernels": [names], "launches": {(name, arg_types)}, "errors": [...]}``.
+"""
+import pickle
+import sys
+
+import numpy as np
+
+
+def record(K):
+    """Wrap every kernel of the namespace ``K`` so that launches record their types."""
+    from numba import typeof
+
+    from jit_kernels.cuda_kernels import _host
+    launches, errors = set(), []
+
+    class Recorded:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, config):
+            launch = self.kernel[config]
+
+            def call(*args):
+                try:
+                    launches.add((self.name, tuple(typeof(_host(a)) for a in args)))
+                except Exception as e:  # noqa: BLE001 - reported by the test
+                    errors.append(f"{self.name}: {type(e).__name__}: {e}")
+                return launch(*args)
+            return call
+
+    names = sorted(n for n in vars(K) if not n.startswith("_"))
+    for n in names:
+        setattr(K, n, Recorded(n, getattr(K, n)))
+    return names, launches, errors
+
+
+def workload():
+    """The CUDA tables' operations over the key and value dtypes, growth, deletes,
+    hybrid storage, checkpoints and every optimizer (tiny sizes: the simulator
+    runs a Python thread per CUDA thread)."""
+    import tempfile
+
+    import numbaemb as ne
+    from numbaemb import optimizers as O
+
+    keys = np.array([0, -1, 2**63 - 1, -2**63, 5, 5, 9], np.int64)
+    for value_dtype in ("float32", "float64", "float16", "bfloat16", "int8", "int64"):
+        v = ne.Variable(3, value_dtype=value_dtype, device="cuda", num_shards=2,
+                        initializer=ne.initializers.RandomNormal(0.0, 1.0, seed=1)
+                        if value_dtype.startswith(("float", "bfloat")) else None)
+        vals = np.arange(keys.size * 3).reshape(-1, 3).astype(np.float32)
+        v.find_or_insert(keys)
+        v.upsert(keys[:3], vals[:3].astype(v.value_dtype))
+        v.lookup(keys)
+        old = v.lookup(keys)
+        v.accum(keys, old, old, np.ones(keys.size, bool))
+        v.remove(keys[:2])
+        v.export()
+        v.size()
+    from jit_kernels.cuda_table import cuda_api
+    cuda = cuda_api()
+    half = ne.Variable(3, value_dtype="float16", device="cuda")   # device input converted:
+    half.upsert(cuda.to_device(keys.astype(np.int32)),           # int32 keys cast to int64,
+                cuda.to_device(np.ones((keys.size, 3), np.float32)))   # float32 narrowed
+    v32 = ne.Variable(2, key_dtype=np.int32, device="cuda")
+    v32.find_or_insert(np.arange(300, dtype=np.int32))          # growth: rehash, copy
+    v32.remove(np.arange(0, 300, 2, dtype=np.int32))
+    v32.find_or_insert(np.arange(300, 400, dtype=np.int32))     # free rows reused
+    hybrid = ne.Variable(4, device="cuda", max_hbm_bytes=64)
+    hybrid.find_or_insert(np.arange(40))
+    hybrid.lookup(np.arange(50))
+    with tempfile.TemporaryDirectory() as d:
+        hybrid.save(f"{d}/t.nbe")
+        ne.Variable.load(f"{d}/t.nbe", device="cuda").lookup(np.arange(5))
+    rules = [O.SGD(0.1), O.SGD(0.1, momentum=0.9, nesterov=True), O.Adagrad(0.1), O.Adam(0.1),
+             O.Adam(0.1, amsgrad=True), O.Ftrl(0.1), O.RMSprop(0.1, momentum=0.5, centered=True)]
+    ids = np.array([4, 4, 9, -1], np.int64)
+    grads = np.ones((4, 3), np.float32)
+    for value_dtype in ("float32", "float16"):
+        for rule in rules:
+            t = ne.Variable(3, value_dtype=value_dtype, device="cuda", max_hbm_bytes=24)
+            O.apply_gradients(t, rule, ids, grads, step=1)
+            uniq = np.array([4, 9, -1], np.int64)
+            O.apply_gradients(t, rule, uniq, grads[:3], step=2, assume_unique=True)
+            O.apply_gradients(t, rule, uniq, grads, step=3, inverse=np.array([0, 0, 1, 2]))
+            for slot, _ in rule.slots():
+                O.slot_values(t, rule, slot, uniq)
+
+
+def main(out):
+    from jit_kernels import cuda_table as ct
+    names, launches, errors = record(ct._kernels())
+    workload()
+    with open(out, "wb") as f:
+        pickle.dump({"kernels": names, "launches": launches, "errors": errors}, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
