@@ -32,8 +32,9 @@ __all__ = ["Variable", "get_variable", "embedding_lookup", "embedding_lookup_uni
 # Checkpoints (tf.train.Checkpoint, Keras .keras files) and serving export.
 from . import checkpoint  # noqa: E402
 from .export import export_for_serving  # noqa: E402
+from .graph_export import export_graph_for_serving  # noqa: E402
 
-__all__ += ["checkpoint", "export_for_serving"]
+__all__ += ["checkpoint", "export_for_serving", "export_graph_for_serving"]
 
 # Training: optimizer wrapper, Keras layer (de.keras.layers.Embedding), restrict policies.
 from . import keras  # noqa: E402

@@ -77,7 +77,8 @@ def _identifier(name, taken):
 class _Freezer:
     """The lookup hook: one ServingTable per variable, made on first use."""
 
-    def __init__(self):
+    def __init__(self, feeds=None):
+        self.feeds = feeds        # TF1 graphs: tables' values fed (see ServingTable)
         self.tables = {}          # id(variable) -> (variable, name, ServingTable)
         self.used = set()         # ids of the variables a traced lookup read
         self.sources = {}         # id(variable) -> the table to freeze (split ones: gathered)
@@ -95,7 +96,7 @@ class _Freezer:
             name = _identifier(var.name, {e[1] for e in self.tables.values()})
             with tf.init_scope():
                 entry = (var, name, ServingTable(self.sources.get(id(var), var.table),
-                                                 name=name))
+                                                 name=name, feeds=self.feeds))
             self.tables[id(var)] = entry
         return entry[2]
 

@@ -26,7 +26,11 @@ class ServingTable(tf.Module):
     Call it with int ids of any shape to get ``ids.shape + [dim]`` rows.
     """
 
-    def __init__(self, variable, name=None):
+    def __init__(self, variable, name=None, feeds=None):
+        """``feeds`` (TF1 graphs): a dict that receives ``placeholder -> array`` for the
+        keys and rows, which then live in variables initialized from those
+        placeholders (a graph holds no copy of the table, so no 2 GB GraphDef limit);
+        run ``tf.compat.v1.global_variables_initializer()`` with ``feed_dict=feeds``."""
         super().__init__(name=name or (variable.name or "table").replace("/", "_"))
         keys, rows = variable.export()
         host = getattr(getattr(variable, "_arrays", None), "host", np.asarray)   # GPU tables
@@ -42,12 +46,21 @@ class ServingTable(tf.Module):
             keys = np.array([b""], object) if self.strings else np.zeros(1, np.int64)
             index = np.full(1, -1, np.int64)
             rows = np.zeros((1, self.dim), rows.dtype)   # gather needs a row to read
+        key_dtype = self.key_dtype if self.strings else tf.int64
+        rows = rows.reshape(-1, self.dim)
+        if feeds is None:
+            keys_t, index_t = tf.constant(keys, key_dtype), tf.constant(index)
+            self.rows = tf.Variable(rows, trainable=False, name="rows")
+        else:
+            fed = [tf.compat.v1.placeholder(d, a.shape, name=n) for d, a, n in
+                   ((key_dtype, keys, "keys_value"), (tf.int64, index, "index_value"),
+                    (tf.as_dtype(rows.dtype), rows, "rows_value"))]
+            feeds.update(zip(fed, (keys, index, rows)))
+            self.keys, self.index, self.rows = (tf.Variable(p, trainable=False, name=n) for p, n
+                                                in zip(fed, ("keys", "index", "rows")))
+            keys_t, index_t = self.keys.read_value(), self.index.read_value()
         self.table = tf.lookup.StaticHashTable(
-            tf.lookup.KeyValueTensorInitializer(tf.constant(keys, self.key_dtype if
-                                                            self.strings else tf.int64),
-                                                tf.constant(index)),
-            default_value=-1)
-        self.rows = tf.Variable(rows.reshape(-1, self.dim), trainable=False, name="rows")
+            tf.lookup.KeyValueTensorInitializer(keys_t, index_t), default_value=-1)
 
     def __call__(self, ids):
         return self.lookup(ids)

@@ -194,6 +194,18 @@ class _TableHandle(DynamicHandle, ResourceVariable):
 # Serving export (tf_bridge.export) sets ``_SERVING.hook(variable, keys, return_exists)``
 # while it traces: lookups then read TF-native ServingTables instead of calling Python.
 _SERVING = threading.local()
+# TF1 graphs: how each lookup op is served by TF ops (tf_bridge.graph_export)
+_SERVE_OPS = weakref.WeakKeyDictionary()     # graph -> {op name: serve(table_for, inputs)}
+
+
+def register_serving(output, serve):
+    """Record how to serve the numpy-function op of ``output`` (its first output; graphs
+    only, eagerly a no-op): ``serve(table_for, inputs) -> [tensors]`` gives the op's
+    outputs from its input tensors, where ``table_for(variable)`` is the variable's
+    frozen ServingTable."""
+    if not tf.executing_eagerly():
+        _SERVE_OPS.setdefault(output.graph, {})[output.op.name] = serve
+
 
 # each variable's per-step outputs handed to TensorFlow (embeddings, gradient sums) come from
 # its own BufferPool: reused once TF has dropped them, so a training step does not fault in a
@@ -367,6 +379,9 @@ class Variable(tf.__internal__.tracking.Trackable):
         tout = [self.value_dtype, tf.bool] if return_exists else [self.value_dtype]
         out = numpy_call(lambda *arrays: self._np_direct(arrays, return_exists, record),
                          self._key_inputs(keys), tout, name=name, collective=self.distributed)
+        register_serving(out[0], lambda table_for, inputs: list(table_for(self).lookup(
+            self._keys_of_inputs(inputs), return_exists=return_exists)) if return_exists
+            else [table_for(self).lookup(self._keys_of_inputs(inputs))])
         out[0].set_shape(keys.shape.concatenate([self.dim]))
         if return_exists:
             out[1].set_shape(keys.shape)
@@ -457,15 +472,18 @@ class Variable(tf.__internal__.tracking.Trackable):
 
     # ---- writes --------------------------------------------------------------------
     def _write(self, fn, inputs, name, keys=None):
-        """Run ``fn(*arrays)`` on ``inputs``; with ``keys``, ``fn(np_keys, *arrays)``."""
+        """Run ``fn(*arrays)`` on ``inputs``; with ``keys``, ``fn(np_keys, *arrays)``.
+        Returns the op in a TF1 graph (nothing runs until a session runs it, as TFRA's
+        ops), None eagerly and in ``tf.function`` (where it runs in program order)."""
         if keys is None:
-            numpy_call(lambda *a: (fn(*a), ())[1], inputs, [], name=name,
-                       collective=self.distributed)
-            return
-        parts = self._key_inputs(keys)
-        m = len(parts)
-        numpy_call(lambda *a: (fn(self._np_keys(*a[:m]), *a[m:]), ())[1], parts + list(inputs),
-                   [], name=name, collective=self.distributed)
+            out = numpy_call(lambda *a: (fn(*a), ())[1], inputs, [], name=name,
+                             collective=self.distributed)
+        else:
+            parts = self._key_inputs(keys)
+            m = len(parts)
+            out = numpy_call(lambda *a: (fn(self._np_keys(*a[:m]), *a[m:]), ())[1],
+                             parts + list(inputs), [], name=name, collective=self.distributed)
+        return out if isinstance(out, tf.Operation) and not tf.inside_function() else None
 
     # ---- keys to the numpy side: int tensors as they are, strings as one buffer ------------
     def _key_inputs(self, keys):
@@ -475,6 +493,11 @@ class Variable(tf.__internal__.tracking.Trackable):
         if not self.string_keys:
             return [keys]
         return [tf.strings.reduce_join(tf.reshape(keys, [-1])), tf.strings.length(keys)]
+
+    def _keys_of_inputs(self, tensors):
+        """The keys tensor that :meth:`_key_inputs` made ``tensors`` from (string keys:
+        the input of the lengths op)."""
+        return tensors[1].op.inputs[0] if self.string_keys else tensors[0]
 
     def _np_keys(self, *arrays):
         """numpy keys from the arrays of :meth:`_key_inputs` (string keys: ``Packed``)."""
@@ -494,8 +517,8 @@ class Variable(tf.__internal__.tracking.Trackable):
         keys = self.keys_in(keys, "keys")
         values = _as_real(values, "values", self.value_dtype)
         _check_shape(values, keys.shape.concatenate([self.dim]), "values", "keys.shape + [dim]")
-        self._write(lambda k, v: (self.table.upsert(k, v), self._forget(k)), [values], name,
-                    keys=keys)
+        return self._write(lambda k, v: (self.table.upsert(k, v), self._forget(k)), [values],
+                           name, keys=keys)
 
     def accum(self, keys, old_values, new_values, exists, name=None):
         """TFRA accum: add ``new - old`` where the key exists and ``exists``; insert
@@ -510,17 +533,17 @@ class Variable(tf.__internal__.tracking.Trackable):
         _check_shape(old, want, "old_values", "keys.shape + [dim]")
         _check_shape(new, want, "new_values", "keys.shape + [dim]")
         _check_shape(exists, keys.shape, "exists", "keys.shape")
-        self._write(lambda k, o, n, e: (self.table.accum(k, o, n, e), self._forget(k)),
-                    [old, new, exists], name, keys=keys)
+        return self._write(lambda k, o, n, e: (self.table.accum(k, o, n, e), self._forget(k)),
+                           [old, new, exists], name, keys=keys)
 
     def remove(self, keys, name=None):
         """Remove ``keys``; absent keys are ignored."""
-        self._write(lambda k: (self.table.remove(k), self._forget(k)), [], name,
-                    keys=self.keys_in(keys, "keys"))
+        return self._write(lambda k: (self.table.remove(k), self._forget(k)), [], name,
+                           keys=self.keys_in(keys, "keys"))
 
     def clear(self, name=None):
         """Remove every key."""
-        self._write(lambda: (self.table.clear(), self._forget_all()), [], name)
+        return self._write(lambda: (self.table.clear(), self._forget_all()), [], name)
 
     def _forget_all(self):
         if self._pending is not None:

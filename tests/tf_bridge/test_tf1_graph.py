@@ -188,3 +188,27 @@ def test_a_plain_tf1_optimizer_is_refused_with_a_clear_error():
         loss = tf.reduce_sum(tf.nn.embedding_lookup(v, tf.constant([1, 2], tf.int64)))
         with pytest.raises(TypeError, match="DynamicEmbeddingOptimizer"):
             V1.train.FtrlOptimizer(0.1).minimize(loss)
+
+
+def test_writes_are_ops_a_session_runs():
+    """upsert / accum / remove / clear return their op in a graph (nothing happens until
+    it runs, as TFRA's); eagerly they return None."""
+    with tf.Graph().as_default():
+        v = de.Variable(dim=2, name="writes")
+        keys = tf.constant([5, -1], tf.int64)
+        up = v.upsert(keys, tf.ones([2, 2]))
+        acc = v.accum(keys, tf.ones([2, 2]), tf.fill([2, 2], 3.0), tf.constant([True, True]))
+        rm, clear = v.remove(keys[:1]), v.clear()
+        assert all(isinstance(op, tf.Operation) for op in (up, acc, rm, clear))
+        size, rows = v.size(), v.lookup(keys)
+        with V1.Session() as sess:
+            assert sess.run(size) == 0                   # built, not run
+            sess.run(up)
+            sess.run(acc)
+            assert sess.run(rows).tolist() == [[3.0, 3.0], [3.0, 3.0]]
+            sess.run(rm)
+            assert sess.run(size) == 1
+            sess.run(clear)
+            assert sess.run(size) == 0
+    assert de.Variable(dim=2, name="eager_writes").upsert(tf.constant([1], tf.int64),
+                                                         tf.ones([1, 2])) is None
