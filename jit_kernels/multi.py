@@ -65,7 +65,7 @@ def addresses(per_table):
         for j, a in enumerate(arrays):
             if not a.flags.c_contiguous:
                 raise ValueError(f"array {j} of table {t} must be C-contiguous")
-            out[t, j] = a.ctypes.data
+            out[t, j] = a.__array_interface__["data"][0]    # 1.7 us; a.ctypes.data 2.6
     return out
 
 
