@@ -54,6 +54,24 @@ def universe_keys(idx):
     return (np.asarray(idx, np.uint64) * GOLDEN).view(np.int64)
 
 
+def median_ms(cuda, fn, repeats, restore=None):
+    """Median milliseconds of ``fn()`` measured with CUDA events, after two untimed
+    runs; ``restore()`` (untimed) before each run."""
+    start, end = cuda.event(), cuda.event()
+    times = []
+    for rep in range(2 + repeats):
+        if restore:
+            restore()
+        cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        if rep >= 2:
+            times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
 class Bench:
     def __init__(self, cuda, log2_capacity, batch, repeats, profile=False, init_kind=NORMAL):
         self.cuda = cuda
@@ -64,23 +82,9 @@ class Bench:
         self.batch = batch
         self.repeats = repeats
         self.rng = np.random.default_rng(0)
-        self.start, self.end = cuda.event(), cuda.event()
 
     def time(self, fn, restore=None):
-        """Median milliseconds of ``fn()`` measured with CUDA events."""
-        cuda = self.cuda
-        times = []
-        for rep in range(2 + self.repeats):
-            if restore:
-                restore()
-            cuda.synchronize()
-            self.start.record()
-            fn()
-            self.end.record()
-            self.end.synchronize()
-            if rep >= 2:
-                times.append(self.start.elapsed_time(self.end))
-        return statistics.median(times)
+        return median_ms(self.cuda, fn, self.repeats, restore)
 
     def build(self, load, dim):
         """Index at ``load``, a value arena with room for one batch of inserts."""

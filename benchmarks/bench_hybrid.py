@@ -24,7 +24,6 @@ call, two untimed runs first, median of ``--repeats``.
 """
 import argparse
 import os
-import statistics
 import sys
 import warnings
 
@@ -38,26 +37,8 @@ from jit_kernels import cuda_table as ct  # noqa: E402
 from jit_kernels.initializers import NORMAL  # noqa: E402
 from numbaemb.cuda_shard import CudaShard  # noqa: E402
 
-GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+from bench_cuda import median_ms, universe_keys as keys_of  # noqa: E402  (this folder)
 
-
-def keys_of(idx):
-    """Distinct, scattered int64 keys for indices ``idx``."""
-    return (np.asarray(idx, np.uint64) * GOLDEN).view(np.int64)
-
-
-def median_ms(cuda, fn, repeats):
-    start, end = cuda.event(), cuda.event()
-    times = []
-    for rep in range(2 + repeats):
-        cuda.synchronize()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        if rep >= 2:
-            times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def filled_shard(cuda, rows, dim, share):
