@@ -40,7 +40,6 @@ from numbaemb.cuda_shard import CudaShard  # noqa: E402
 from bench_cuda import median_ms, universe_keys as keys_of  # noqa: E402  (this folder)
 
 
-
 def filled_shard(cuda, rows, dim, share):
     per_row = dim * 4
     budget = None if share >= 1.0 else max(per_row, int(rows * share) * per_row)
