@@ -11,5 +11,5 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONWARNI
 step() { local limit=$1 name=$2; shift 2; echo "== $name: $*"; local t0=$SECONDS
   timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.txt"; echo "== $name: rc ${PIPESTATUS[0]}, $((SECONDS - t0)) s"; }
 step ${TESTS_S:-200} tests python3 -m pytest -m cuda -q -p no:cacheprovider tests
-step ${BENCH_S:-190} bench_cuda python3 benchmarks/bench_cuda.py --repeats ${REPEATS:-7} --profile
+step ${BENCH_S:-190} bench_cuda python3 benchmarks/bench_cuda.py --repeats ${REPEATS:-7} --profile --tiled 4 8 16
 step ${HYBRID_S:-100} bench_hybrid python3 benchmarks/bench_hybrid.py --repeats ${REPEATS:-7}

@@ -239,6 +239,21 @@ def lookup(slots, mask, keys, values, out, exists, kind, a, b, seed, const):
           exists, kind, a, b, seed, const, cols_per_lane=COLS_PER_LANE_PROBING)
 
 
+def lookup_tiled(slots, mask, keys, values, out, exists, kind, a, b, seed, const, lanes=8,
+                 scratch=None):
+    """:func:`lookup`'s result in two launches: ``find_rows_tiled`` (a tile of ``lanes``
+    lanes probes each key's chain together), then ``gather_or_init``.  For indexes at
+    high load, where one lane a key waits on long chains; ``benchmarks/bench_cuda.py
+    --probe tiled`` compares the two (not yet measured on a GPU)."""
+    K = _kernels()
+    n = keys.shape[0]
+    rows = (scratch or Scratch()).array("tiled_rows", n, np.int64)
+    _go(K.fill, n, rows, np.int64(-1))
+    _go(K.find_rows_tiled, n, slots, mask, keys, rows, lanes.bit_length() - 1, width=lanes)
+    _rows(K.gather_or_init, n, out.shape[1], rows, *_split(values), keys, out, exists, kind,
+          a, b, seed, const)
+
+
 def find_rows(slots, mask, keys, rows, scratch=None):
     """rows[i] = row of keys[i] or -1; returns how many are -1 (waits for the GPU)."""
     K = _kernels()

@@ -67,8 +67,8 @@ def workload():
         v.remove(keys[:2])
         v.export()
         v.size()
-    from jit_kernels.cuda_table import cuda_api
-    cuda = cuda_api()
+    from jit_kernels import cuda_table as ct
+    cuda = ct.cuda_api()
     half = ne.Variable(3, value_dtype="float16", device="cuda")   # device input converted:
     half.upsert(cuda.to_device(keys.astype(np.int32)),           # int32 keys cast to int64,
                 cuda.to_device(np.ones((keys.size, 3), np.float32)))   # float32 narrowed
@@ -79,6 +79,10 @@ def workload():
     hybrid = ne.Variable(4, device="cuda", max_hbm_bytes=64)
     hybrid.find_or_insert(np.arange(40))
     hybrid.lookup(np.arange(50))
+    s = hybrid.shards[0]               # the tiled-probe lookup (a benchmark variant)
+    out, ex = cuda.device_array((5, 4), np.float32), cuda.device_array(5, np.bool_)
+    ct.lookup_tiled(s.slots, s.mask, cuda.to_device(np.arange(5)), s.values, out, ex,
+                    *s.columns["values"].init)
     with tempfile.TemporaryDirectory() as d:
         hybrid.save(f"{d}/t.nbe")
         ne.Variable.load(f"{d}/t.nbe", device="cuda").lookup(np.arange(5))
