@@ -70,7 +70,7 @@ def export_graph_for_serving(sess, path, inputs, outputs):
     if os.path.exists(path):
         raise ValueError(f"path {path!r} exists: the SavedModel goes into a new directory")
     graph, serve_of = sess.graph, _SERVE_OPS.get(sess.graph, {})
-    ends = sorted({t.op.name for t in outputs.values()})
+    ends = sorted({t.op.name for t in outputs.values()} | {t.op.name for t in inputs.values()})
     needed = tf.compat.v1.graph_util.extract_sub_graph(graph.as_graph_def(), ends)
     lookups = [n for n in needed.node if n.op in _PY_OPS]
     other = [n.name for n in lookups if n.name not in serve_of]
@@ -115,12 +115,13 @@ def _write(frozen, lookups, serve_of, inputs, outputs, path):
         rest.versions.CopyFrom(frozen.versions)
         rest.library.CopyFrom(frozen.library)
         kept = [n for n in frozen.node if n.name not in lookups and n.name not in pre_names]
+        kept_names = {n.name for n in kept}
         for n in kept:
             m = rest.node.add()
             m.CopyFrom(n)
             del m.input[:]        # control inputs on dropped nodes are dropped
             m.input.extend(i for i in n.input
-                           if not (i.startswith("^") and _node(i) not in {k.name for k in kept}))
+                           if not (i.startswith("^") and _node(i) not in kept_names))
         used = {i if ":" in i else i + ":0" for n in rest.node for i in n.input
                 if not i.startswith("^") and _node(i) in (lookups | pre_names)}
         input_map = {name: mapping[name] if _node(name) in lookups else g.get_tensor_by_name(name)

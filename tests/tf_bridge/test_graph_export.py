@@ -132,3 +132,18 @@ def test_bad_arguments_and_python_calls_raise_before_writing(tmp_path):
                 de.export_graph_for_serving(sess, tmp_path / "taken", {"ids": ids, "x": x},
                                             {"s": score})
     assert sorted(os.listdir(tmp_path)) == ["taken"]
+
+
+def test_an_input_the_outputs_do_not_use_stays_in_the_signature(tmp_path):
+    with tf.Graph().as_default():
+        ids = V1.placeholder(tf.int64, [None], name="ids")
+        unused = V1.placeholder(tf.float32, [None], name="unused")
+        v = de.Variable(dim=2, name="small", initializer=1.5)
+        out = tf.nn.embedding_lookup(v, ids)
+        with V1.Session() as sess:
+            sess.run(V1.global_variables_initializer())
+            path = de.export_graph_for_serving(sess, tmp_path / "sm",
+                                               {"ids": ids, "unused": unused}, {"rows": out})
+    got = serve_elsewhere(path, {"ids": np.array([3, -1], np.int64),
+                                 "unused": np.zeros(2, np.float32)})
+    np.testing.assert_array_equal(got["rows"], np.full((2, 2), 1.5, np.float32))
