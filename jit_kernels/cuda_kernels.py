@@ -189,19 +189,26 @@ def build(threads):
             slots[2 * s + 1] = EMPTY
 
     # ---- index ------------------------------------------------------------------------------
+    @jit(device=True)
+    def row_or_init(r, i, values, spill, split, keys, out, exists, kind, a, b, seed, const,
+                    lane, lanes):
+        """This lane's columns of out[i]: row ``r`` (head or tail of a SplitRows), or the
+        initial value of keys[i] when ``r`` < 0; lane 0 sets exists[i]."""
+        if r >= 0:
+            copy_row(values[r] if r < split else spill[r - split], out[i], lane, lanes)
+        else:
+            init_cols(out[i], keys[i], kind, a, b, seed, const, lane, lanes)
+        if lane == 0:
+            exists[i] = r >= 0
+
     @kernel
     def lookup(slots, mask, keys, values, spill, split, out, exists, kind, a, b, seed, const,
                log_t):
         tid = cuda.grid(1)
         lane = tid & ((1 << log_t) - 1)
         for i in range(tid >> log_t, keys.shape[0], cuda.gridsize(1) >> log_t):
-            r = find_row(slots, mask, keys[i])
-            if r >= 0:
-                copy_row(values[r] if r < split else spill[r - split], out[i], lane, 1 << log_t)
-            else:
-                init_cols(out[i], keys[i], kind, a, b, seed, const, lane, 1 << log_t)
-            if lane == 0:
-                exists[i] = r >= 0
+            row_or_init(find_row(slots, mask, keys[i]), i, values, spill, split, keys, out,
+                        exists, kind, a, b, seed, const, lane, 1 << log_t)
 
     @kernel
     def find_rows_tiled(slots, mask, keys, rows, log_t):
@@ -233,13 +240,8 @@ def build(threads):
         tid = cuda.grid(1)
         lane = tid & ((1 << log_t) - 1)
         for i in range(tid >> log_t, keys.shape[0], cuda.gridsize(1) >> log_t):
-            r = rows[i]
-            if r >= 0:
-                copy_row(values[r] if r < split else spill[r - split], out[i], lane, 1 << log_t)
-            else:
-                init_cols(out[i], keys[i], kind, a, b, seed, const, lane, 1 << log_t)
-            if lane == 0:
-                exists[i] = r >= 0
+            row_or_init(rows[i], i, values, spill, split, keys, out, exists, kind, a, b, seed,
+                        const, lane, 1 << log_t)
 
     @kernel
     def find_rows(slots, mask, keys, rows, missing):
