@@ -16,31 +16,42 @@ custom     4    the caller's score for that position
 
 An absent key arriving when the table is full looks at the ``window`` index slots
 from its home slot and takes the lowest-scored key there that is not in this call
-(first on ties; the call's present keys are marked before any insert; the search
-reads a copy of the scores and call marks kept beside the index, ``meta``, so it
-touches contiguous memory only); if its own score is lower it is not admitted (row -1),
-else the victim is evicted: its slot becomes a tombstone, its row is reused and
-``(key, row)`` is reported so the caller can hand its values out first (HKV's
-``insert_and_evict``).  The pass is serial (one thread, batch order): the
-result does not depend on thread timing.
+(first on ties); if its own score is lower it is not admitted (row -1), else the
+victim is evicted: its row is reused, its slot freed, and ``(key, row)`` is
+reported so the caller can hand its values out first (HKV's ``insert_and_evict``).
+The search reads ``mscore``, a copy of each slot's score beside the index (8 bytes
+a slot, contiguous) that holds ``MAX`` for free slots and for the keys of the
+running call (:func:`find_present` marks them, :func:`restore_scores` puts their
+scores back after the call), so a window of 32 slots is four cache lines;
+``mark`` (the call's number a slot) tells a call's key from one scored ``MAX``.
+A victim's slot that the new key does not take is emptied by moving the later keys
+of its run back (backward-shift deletion): evicting inserts leave no tombstones, so
+the index is not rebuilt for them and probe sequences stay short.  The pass is
+serial (one thread, batch order): the result does not depend on thread timing.
 
 >>> import numpy as np
 >>> from jit_kernels.slots import empty_slots
->>> slots = empty_slots(8); scores = np.zeros(4, np.int64); meta = np.zeros((8, 2), np.int64)
+>>> slots, scores = empty_slots(8), np.zeros(4, np.int64)
+>>> mscore, mark = np.full(8, MAX), np.zeros(8, np.int64)
 >>> keys, rows, where = np.array([5, 6, 7]), np.empty(3, np.int64), np.empty(3, np.int64)
->>> find_present(slots, 7, keys, rows, where, meta, 1)
+>>> find_present(slots, 7, keys, rows, where, mscore, mark, 1)
 >>> new, ek, er = np.empty(3, np.bool_), np.empty(3, np.int64), np.empty(3, np.int64)
->>> out = bounded_insert(slots, 7, keys, np.zeros(3, np.int64), scores, meta, 1, rows, where,
-...                      new, np.empty(0, np.int64), 0, 0, 0, 2, 8, LRU, 0, 1, False, ek, er)
+>>> out = bounded_insert(slots, 7, keys, np.zeros(3, np.int64), scores, mscore, mark, 1,
+...                      rows, where, new, np.empty(0, np.int64), 0, 0, 0, 2, 8, LRU, 0, 1,
+...                      False, ek, er)
 >>> out[0], out[1], out[3]      # rows taken, keys evicted, size after: 7 evicted 5 or 6
 (2, 0, 2)
 >>> bool(rows[2] == -1)         # ... unless every candidate was touched by this call
 True
+>>> restore_scores(slots, 7, keys, where, scores, mscore)
+>>> int((mscore < MAX).sum())   # the two keys' scores are back beside the index
+2
 """
 import numpy as np
 from numba import njit, prange
 
-from .cpu_table import prefetch_write
+from .cpu_table import ROWS_AHEAD, prefetch_row, prefetch_write
+from .initializers import init_row
 from .halfs import load, store
 from .slots import DELETED, EMPTY, first_slot, next_slot
 
@@ -48,7 +59,7 @@ LRU, LFU, EPOCH_LRU, EPOCH_LFU, CUSTOM = 0, 1, 2, 3, 4
 POLICIES = {"lru": LRU, "lfu": LFU, "epoch_lru": EPOCH_LRU, "epoch_lfu": EPOCH_LFU,
             "custom": CUSTOM}
 _LOW = np.int64(0xFFFFFFFF)
-_MAX = np.int64(np.iinfo(np.int64).max)
+MAX = np.int64(np.iinfo(np.int64).max)
 AHEAD = 8            # keys whose index slots are requested ahead of their turn
 
 
@@ -105,102 +116,171 @@ def _probe(slots, mask, key):
 
 
 @njit(nogil=True, cache=True)
-def _victim(slots, mask, key, window, meta, batch):
+def _victim(slots, mask, key, window, mscore, mark, batch):
     """``(slot, score)`` of the lowest-scored key of ``key``'s window not in this call,
-    or -1 (reads the index and its ``meta`` only: contiguous memory; the minimum is
-    kept with selects, so the loop has no unpredictable branch)."""
+    or -1 (reads ``mscore`` only, contiguous; the minimum is kept with selects, so the
+    loop has no unpredictable branch).  A slot freed since its copy was written may
+    come back: the caller checks the slot and calls again."""
     h = first_slot(key, mask)
-    best, best_score = np.int64(-1), _MAX
+    best, best_score = np.int64(-1), MAX
     for t in range(window):
         s = (h + t) & mask
-        sc = meta[s, 0] if (slots[2 * s + 1] >= 0) & (meta[s, 1] != batch) else _MAX
+        sc = mscore[s]
         better = sc < best_score
         best = s if better else best
         best_score = sc if better else best_score
     if best < 0:                     # none below the largest score: is there one at it?
         for t in range(window):
             s = (h + t) & mask
-            if slots[2 * s + 1] >= 0 and meta[s, 1] != batch:
-                return s, meta[s, 0]
+            if slots[2 * s + 1] >= 0 and mark[s] != batch:
+                return s, MAX
     return best, best_score
 
 
 @njit(nogil=True, cache=True, parallel=True)
-def find_present(slots, mask, keys, rows, where, meta, batch):
+def find_present(slots, mask, keys, rows, where, mscore, mark, batch):
     """``rows[i]`` / ``where[i]`` = the row / slot of ``keys[i]``, or -2 / -1 when
-    absent; ``meta[slot, 1] = batch`` for every present key, so no key of the call
-    is a victim (parallel; before :func:`bounded_insert`)."""
+    absent; every present key is marked as this call's (``mark[slot] = batch``,
+    ``mscore[slot] = MAX``), so no key of the call is a victim (parallel; before
+    :func:`bounded_insert`)."""
     for i in prange(keys.shape[0]):
         s = _find(slots, mask, keys[i])
         where[i] = s
         rows[i] = -2 if s < 0 else slots[2 * s + 1]
         if s >= 0:
-            meta[s, 1] = batch
-
-
-@njit(nogil=True, cache=True, parallel=True)
-def sync_meta(slots, scores, meta):
-    """``meta[s] = (score of the key in slot s, 0)``: rebuilt after the index is (a
-    rehash, a load)."""
-    for s in prange(meta.shape[0]):
-        r = slots[2 * s + 1]
-        meta[s, 0] = scores[r] if r >= 0 else 0
-        meta[s, 1] = 0
+            mark[s] = batch
+            mscore[s] = MAX
 
 
 @njit(nogil=True, cache=True)
-def bounded_insert(slots, mask, keys, given, scores, meta, batch, rows, where, inserted,
-                   free_rows, n_free, fresh_start, size, limit, window, policy, epoch, clock,
-                   keep, ev_keys, ev_rows):
+def forget(slots, mask, keys, mscore):
+    """``mscore`` of the slots of ``keys`` (those present) = ``MAX``: before they are
+    removed (a stale copy would only cost the victim search a second look)."""
+    for i in range(keys.shape[0]):
+        s = _find(slots, mask, keys[i])
+        if s >= 0:
+            mscore[s] = MAX
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def restore_scores(slots, mask, keys, where, scores, mscore):
+    """After a call: the slot of each admitted key of ``keys`` gets its score in
+    ``mscore`` again (``where``: each position's slot when placed, -1 if not admitted;
+    a key that an eviction moved back is found again)."""
+    for i in prange(where.shape[0]):
+        s = where[i]
+        if s >= 0:
+            if slots[2 * s] != keys[i] or slots[2 * s + 1] < 0:
+                s = _find(slots, mask, keys[i])
+            if s >= 0:
+                mscore[s] = scores[slots[2 * s + 1]]
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def sync_meta(slots, scores, mscore, mark):
+    """``mscore[s]`` = the score of the key in slot s (``MAX`` if free), no call marks:
+    rebuilt after the index is (a rehash, a load)."""
+    for s in prange(mscore.shape[0]):
+        r = slots[2 * s + 1]
+        mscore[s] = scores[r] if r >= 0 else MAX
+        mark[s] = 0
+
+
+@njit(nogil=True, cache=True)
+def _vacate(slots, mask, v, mscore, mark):
+    """Empty slot ``v`` without a tombstone: each later key of its run whose probe
+    sequence passes the hole moves back into it (with its ``mscore`` / ``mark``),
+    leaving a hole where it was, until an empty slot ends the run."""
+    hole = v
+    j = (v + 1) & mask
+    for _ in range(mask):
+        w = slots[2 * j + 1]
+        if w == EMPTY:
+            break
+        if w >= 0 and ((j - first_slot(slots[2 * j], mask)) & mask) >= ((j - hole) & mask):
+            slots[2 * hole] = slots[2 * j]
+            slots[2 * hole + 1] = w
+            mscore[hole] = mscore[j]
+            mark[hole] = mark[j]
+            hole = j
+        j = (j + 1) & mask
+    slots[2 * hole + 1] = EMPTY
+    mscore[hole] = MAX
+
+
+@njit(nogil=True, cache=True)
+def bounded_insert(slots, mask, keys, given, scores, mscore, mark, batch, rows, where,
+                   inserted, free_rows, n_free, fresh_start, size, limit, window, policy,
+                   epoch, clock, keep, ev_keys, ev_rows):
     """Find or insert every key of ``keys`` (n,) in batch order, evicting when full.
 
     ``rows`` / ``where`` (n,) come filled by :func:`find_present`; ``rows[i]`` gets
-    the key's row or -1 (not admitted), ``inserted[i]`` marks the position that
-    inserted it.  Scores go to ``scores`` (rows,) and to ``meta[slot, 0]``, a copy
-    beside the index that the victim search reads; ``meta[slot, 1] = batch`` marks
-    this call's keys (see the module doc; ``given`` (n,) the custom scores, ``keep``
-    see :func:`touched`).  New rows come from ``free_rows[:n_free]`` (top down),
-    then ``fresh_start, fresh_start + 1, ...``; ``ev_keys`` / ``ev_rows`` (n,)
-    receive the evicted keys and their rows.  Returns ``(rows taken, keys evicted,
-    tombstones made minus consumed, size after)``.
+    the key's row or -1 (not admitted), ``where[i]`` its slot (-1: not admitted),
+    ``inserted[i]`` marks the position that inserted it.  Scores go to ``scores``
+    (rows,); ``mscore`` / ``mark`` see the module doc (:func:`restore_scores` after
+    the call; ``given`` (n,) the custom scores, ``keep`` see :func:`touched`).  New
+    rows come from ``free_rows[:n_free]`` (top down), then ``fresh_start,
+    fresh_start + 1, ...``; ``ev_keys`` / ``ev_rows`` (n,) receive the evicted keys
+    and their rows.  Returns ``(rows taken, keys evicted, tombstones made minus
+    consumed, size after)``.
     """
     taken = 0
     n_ev = 0
     d_deleted = 0
     n = keys.shape[0]
+    spec = np.full(2 * AHEAD, -1, np.int64)    # the victims foreseen for the next keys
     for i in range(n):              # in batch order: scores, inserts, evictions
-        j = i + AHEAD               # (a serial pass: overlap the next keys' cache misses)
+        # a serial pass: overlap the next keys' cache misses.  2 * AHEAD keys ahead:
+        # their probes and victim windows; AHEAD ahead: the victim each would take now
+        # (the keys between rarely change it), its slot; AHEAD / 2 ahead: its score row
+        j = i + 2 * AHEAD
         if j < n:
             if rows[j] >= 0:
-                prefetch_write(slots, 2 * where[j] * 8)
-                prefetch_write(meta, 2 * where[j] * 8)
                 prefetch_write(scores, rows[j] * 8)
-            else:                   # its probe, and its victim window when full
+            else:
                 h = first_slot(keys[j], mask)
-                span = 16 * (window if size >= limit else 1)
-                for off in range(16 * h, min(16 * h + span, 16 * (mask + 1)), 64):
-                    prefetch_write(slots, off)
-                    prefetch_write(meta, off)
+                prefetch_write(slots, 16 * h)
+                prefetch_write(mark, 8 * h)
+                if size >= limit:
+                    for off in range(8 * h, min(8 * (h + window), 8 * (mask + 1)), 64):
+                        prefetch_write(mscore, off)
+        j = i + AHEAD
+        if j < n and rows[j] < 0 and size >= limit:
+            v = _victim(slots, mask, keys[j], window, mscore, mark, batch)[0]
+            spec[j % (2 * AHEAD)] = v
+            if v >= 0:
+                prefetch_write(slots, 16 * v)        # (and the run after it, which
+                prefetch_write(slots, 16 * v + 64)   # moves back when it is vacated)
+                prefetch_write(mark, 8 * v)
+        j = i + AHEAD // 2
+        if j < n and rows[j] < 0 and size >= limit:
+            v = spec[j % (2 * AHEAD)]
+            if v >= 0 and slots[2 * v + 1] >= 0:
+                prefetch_write(scores, slots[2 * v + 1] * 8)
         key = keys[i]
         inserted[i] = False
-        free = np.int64(-1)
-        if rows[i] >= 0:
-            s = where[i]
-        else:                       # absent at the call's start, or a repeat of a new key:
-            s, free = _probe(slots, mask, key)     # and where it would go (one pass)
-        if s >= 0:
+        if rows[i] >= 0:            # present when the call started
+            r = rows[i]
+            scores[r] = touched(policy, scores[r], given[i], epoch, clock, False, keep)
+            continue
+        s, free = _probe(slots, mask, key)     # and where it would go (one pass)
+        if s >= 0:                  # a repeat of a key this call inserted
             r = slots[2 * s + 1]
             rows[i] = r
-            meta[s, 0] = touched(policy, meta[s, 0], given[i], epoch, clock, False, keep)
-            scores[r] = meta[s, 0]
+            where[i] = s
+            scores[r] = touched(policy, scores[r], given[i], epoch, clock, False, keep)
             continue
         score = touched(policy, np.int64(0), given[i], epoch, clock, True, keep)
+        v = np.int64(-1)
         if size < limit:
             r = free_rows[n_free - 1 - taken] if taken < n_free else fresh_start + taken - n_free
             taken += 1
             size += 1
         else:
-            v, v_score = _victim(slots, mask, key, window, meta, batch)
+            v, v_score = _victim(slots, mask, key, window, mscore, mark, batch)
+            while v >= 0 and slots[2 * v + 1] < 0:    # a stale copy: that slot is free
+                mscore[v] = MAX
+                v, v_score = _victim(slots, mask, key, window, mscore, mark, batch)
             if v < 0 or score < v_score:
                 rows[i] = -1
                 continue
@@ -208,22 +288,45 @@ def bounded_insert(slots, mask, keys, given, scores, meta, batch, rows, where, i
             ev_keys[n_ev] = slots[2 * v]
             ev_rows[n_ev] = r
             n_ev += 1
-            slots[2 * v + 1] = DELETED
-            d_deleted += 1
-            h = first_slot(key, mask)           # the victim's slot, if it comes first
+            h = first_slot(key, mask)
             if ((v - h) & mask) < ((free - h) & mask):
-                free = v
+                free = v                # the victim's slot comes first: the key goes there
+                v = -1
         p = free
         if slots[2 * p + 1] == DELETED:
             d_deleted -= 1
         slots[2 * p] = key
         slots[2 * p + 1] = r
-        meta[p, 0] = score
-        meta[p, 1] = batch
+        mscore[p] = MAX
+        mark[p] = batch
+        if v >= 0:                  # placed before the victim: empty the victim's slot
+            _vacate(slots, mask, v, mscore, mark)
         scores[r] = score
         rows[i] = r
+        where[i] = p
         inserted[i] = True
     return taken, n_ev, d_deleted, size
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def init_copy(values, rows, keys, inserted, readable, out, kind, a, b, seed, const):
+    """A bounded ``find_or_insert``'s values in one pass: each inserted row gets its
+    initial value, and ``out[i]`` (n, dim) the row of ``keys[i]`` where ``readable[i]``
+    (present when the call started, or the inserting position), else the key's
+    initial value (not admitted, or a repeat of a key this call inserted, whose row
+    another thread may not have written yet: the same bits)."""
+    n = rows.shape[0]
+    for i in prange(n):
+        if i + ROWS_AHEAD < n and rows[i + ROWS_AHEAD] >= 0:
+            prefetch_row(values, rows[i + ROWS_AHEAD], inserted[i + ROWS_AHEAD])
+        r = rows[i]
+        if inserted[i]:
+            init_row(values[r], keys[i], kind, a, b, seed, const)
+        if readable[i]:
+            for c in range(out.shape[1]):
+                out[i, c] = values[r, c]
+        else:
+            init_row(out[i], keys[i], kind, a, b, seed, const)
 
 
 # ---- TFRA accum on a bounded table ------------------------------------------------------------

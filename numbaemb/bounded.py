@@ -49,7 +49,10 @@ class BoundedShard(Shard):
         super()._reset()
         # a fixed index at load <= 1/2 when full: room for tombstones between rehashes
         self.slots = empty_slots(_index_capacity(1.5 * self.limit))
-        self.meta = np.zeros((self.capacity, 2), np.int64)   # per slot: score, call mark
+        # per slot: a copy of its key's score (MAX: free, or a key of the running call)
+        # and the number of the last call that touched it (see jit_kernels.bounded)
+        self.mscore = np.full(self.capacity, kb.MAX, np.int64)
+        self.mark = np.zeros(self.capacity, np.int64)
 
     def _reserve_rows(self, n_new):
         super()._reserve_rows(min(n_new, max(0, self.limit - self.n_full)))
@@ -69,16 +72,21 @@ class BoundedShard(Shard):
         self._loaded()
 
     def _loaded(self):
-        """Rebuild ``meta`` from the index and the score column (after a rehash or a
-        checkpoint load wrote them)."""
+        """Rebuild ``mscore`` / ``mark`` from the index and the score column (after a
+        rehash or a checkpoint load wrote them)."""
         if SCORE in self.columns:
-            kb.sync_meta(self.slots, self.columns[SCORE].data[:, 0], self.meta)
+            kb.sync_meta(self.slots, self._scores(), self.mscore, self.mark)
 
-    def _insert(self, keys, then=None, scores=None, epoch=0, clock=0, evicted=False):
+    def _scores(self):
+        return self.columns[SCORE].data[:, 0]
+
+    def _insert(self, keys, then=None, scores=None, epoch=0, clock=0, evicted=False,
+                present=None):
         """Rows of ``keys`` (-1: not admitted), inserting or evicting; chunks keep the
         index's tombstones bounded between rehashes.  ``last_evicted`` gets the evicted
         keys, and with ``evicted`` (or ``keep_evicted``) their columns, gathered before
-        their rows are reused."""
+        their rows are reused; ``present`` (n,) bool, if given, which keys were in the
+        table when the call started."""
         n = keys.shape[0]
         rows, where = np.empty(n, np.int64), np.empty(n, np.int64)
         inserted = np.empty(n, np.bool_)
@@ -87,18 +95,22 @@ class BoundedShard(Shard):
         n_ev = 0
         step = max(1, self.capacity // 4)
         self._batch += 1
-        kb.find_present(self.slots, self.mask, keys, rows, where, self.meta, self._batch)
+        kb.find_present(self.slots, self.mask, keys, rows, where, self.mscore, self.mark,
+                        self._batch)
+        if present is not None:
+            np.greater_equal(rows, 0, out=present)
         for lo in range(0, n, step):
             k = keys[lo:lo + step]
             if self.n_full + self.n_deleted + k.shape[0] > 0.75 * self.capacity:
                 self._rehash(self.n_full)      # clears the tombstones (and the call marks:
-                r2, w2 = np.empty(n, np.int64), np.empty(n, np.int64)     # mark again)
-                kb.find_present(self.slots, self.mask, keys, r2, w2, self.meta, self._batch)
-                rows[lo:], where[lo:] = r2[lo:], w2[lo:]
-            self._reserve_rows(k.shape[0])
+                r2 = np.empty(n, np.int64)     # mark again; earlier positions' slots moved)
+                kb.find_present(self.slots, self.mask, keys, r2, where, self.mscore,
+                                self.mark, self._batch)
+                rows[lo:] = r2[lo:]
+            self._reserve_rows(k.shape[0])      # (may move the columns)
             taken, ev, made, size = kb.bounded_insert(
-                self.slots, self.mask, k, given[lo:lo + step], self.columns[SCORE].data[:, 0],
-                self.meta, self._batch, rows[lo:lo + step], where[lo:lo + step],
+                self.slots, self.mask, k, given[lo:lo + step], self._scores(), self.mscore,
+                self.mark, self._batch, rows[lo:lo + step], where[lo:lo + step],
                 inserted[lo:lo + step], self.free_rows, self.free_rows.shape[0], self.fresh,
                 self.n_full, self.limit, self.window, self.policy, epoch, clock,
                 scores is None, ev_keys[n_ev:], ev_rows[n_ev:])
@@ -106,6 +118,7 @@ class BoundedShard(Shard):
             self.n_full = size
             self.n_deleted += made
             n_ev += ev
+        kb.restore_scores(self.slots, self.mask, keys, where, self._scores(), self.mscore)
         ev_keys, ev_rows = ev_keys[:n_ev], ev_rows[:n_ev]
         # hand out the evicted keys' columns before their rows are initialised again
         cols = {name: col.data[ev_rows] for name, col in self.columns.items()} \
@@ -115,6 +128,10 @@ class BoundedShard(Shard):
             then(rows, inserted)
         return rows, inserted
 
+    def remove(self, keys):
+        kb.forget(self.slots, self.mask, keys, self.mscore)
+        return super().remove(keys)
+
     def _init_new(self, rows, keys, inserted, skip=()):
         ok = rows >= 0
         if not ok.all():
@@ -122,19 +139,16 @@ class BoundedShard(Shard):
         super()._init_new(rows, keys, inserted, skip=(SCORE, *skip))
 
     def find_or_insert(self, keys, out=None, **kw):
-        rows, inserted = self._insert(keys, **kw)
-        self._init_new(rows, keys, inserted)
-        if out is not None:
-            ok = rows >= 0
-            if ok.all():
-                self._kernels.gather(self.values, rows, out)
-            else:               # not admitted: their initial values
-                got = np.empty((int(ok.sum()), self.dim), out.dtype)
-                self._kernels.gather(self.values, rows[ok], got)
-                out[ok] = got
-                init = self.columns["values"].init
-                self._kernels.init_rows(out, np.flatnonzero(~ok), keys[~ok],
-                                        np.ones(int((~ok).sum()), np.bool_), *init)
+        if out is None:
+            rows, inserted = self._insert(keys, **kw)
+            self._init_new(rows, keys, inserted)
+            return rows, inserted
+        present = np.empty(keys.shape[0], np.bool_)
+        rows, inserted = self._insert(keys, present=present, **kw)
+        # new rows' values and the output in one pass (not admitted: initial values)
+        kb.init_copy(self.values, rows, keys, inserted, present | inserted, out,
+                     *self.columns["values"].init)
+        self._init_new(rows, keys, inserted, skip=("values",))
         return rows, inserted
 
     def upsert(self, keys, values, **kw):

@@ -185,6 +185,14 @@ class BoundedMachine(RuleBasedStateMachine):
         assert set(got) == set(self.rows)
         for k, row in got.items():
             assert np.array_equal(row, self.rows[k]), k
+        if got:             # every key is reachable by its probe (evictions move keys back)
+            found, exists = self.var.lookup(keys, return_exists=True)
+            assert exists.all() and np.array_equal(found, rows)
+        shard = self.var.shards[0]      # the victim search's copy of the scores is current
+        words = shard.slots[1::2]
+        full = words >= 0
+        np.testing.assert_array_equal(shard.mscore[full], shard._scores()[words[full]])
+        assert (shard.mscore[~full] == np.iinfo(np.int64).max).all()
         if self.EXACT:
             sk, sv = self.var.export("score")
             assert dict(zip(sk.tolist(), sv[:, 0].tolist())) == self.scores
