@@ -97,12 +97,19 @@ def _find(slots, mask, key):
 
 
 @njit(nogil=True, cache=True)
-def _probe(slots, mask, key):
+def _probe(slots, mask, key, hi):
     """One pass along ``key``'s probe sequence: ``(its slot or -1, the first tombstone
-    or empty slot before an empty one ends the sequence)``: where an absent key goes."""
-    s = first_slot(key, mask)
+    or empty slot before an empty one ends the sequence)``: where an absent key goes.
+    ``hi >= 0``: the sequence stops before slot ``hi`` (the end of a range of the
+    index another thread owns): ``(-1, -2)`` if it gets there (the key is not in the
+    range, which in a full table is all that matters: its victim's slot comes before
+    any free slot past the range)."""
+    h = first_slot(key, mask)
     free = np.int64(-1)
-    for _ in range(mask + 1):
+    for t in range(mask + 1):
+        if hi >= 0 and h + t >= hi:
+            return np.int64(-1), np.int64(-2)
+        s = (h + t) & mask
         w = slots[2 * s + 1]
         if w == EMPTY:
             return np.int64(-1), (s if free < 0 else free)
@@ -111,8 +118,19 @@ def _probe(slots, mask, key):
                 free = s
         elif slots[2 * s] == key:
             return s, free
-        s = next_slot(s, mask)
     return np.int64(-1), free
+
+
+@njit(nogil=True, cache=True)
+def _run_ends_before(slots, mask, v, hi):
+    """Whether the run after slot ``v`` (the keys :func:`_vacate` may move) ends in an
+    empty slot before slot ``hi``."""
+    for t in range(1, mask + 1):
+        if v + t >= hi:
+            return False
+        if slots[2 * ((v + t) & mask) + 1] == EMPTY:
+            return True
+    return False
 
 
 @njit(nogil=True, cache=True)
@@ -208,6 +226,140 @@ def _vacate(slots, mask, v, mscore, mark):
     mscore[hole] = MAX
 
 
+DEFER_KEYS = 64      # keys a range defers before it defers every new key left
+RANGE_SLOTS = 4096   # the fewest index slots a range of bounded_insert_ranges has
+RANGES_MIN = 2048    # the fewest positions a call cuts into ranges
+
+
+def ranges_for(capacity, window):
+    """How many ranges :func:`bounded_insert_ranges` cuts an index of ``capacity``
+    slots into (a power of two, each at least ``RANGE_SLOTS`` and 64 windows long, at
+    most 1024 ranges; < 2: the serial pass only).  A function of the table alone."""
+    n = capacity // max(RANGE_SLOTS, 64 * window)
+    return min(1 << (n.bit_length() - 1), 1024) if n >= 2 else 1
+
+
+@njit(nogil=True, cache=True)
+def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, rows, where,
+          inserted, free_rows, n_free, fresh_start, size, limit, window, policy, epoch, clock,
+          keep, hi, ev_keys, ev_rows, ev_pos, e0, deferred):
+    """Positions ``idx[a:b]`` of a call in that order (see :func:`bounded_insert`);
+    evictions go to ``ev_keys`` / ``ev_rows`` / ``ev_pos`` (the evicting position) from
+    ``e0`` on.  ``hi >= 0``: a range of the index ``[lo, hi)`` holding the home slots
+    of the absent keys and the slots of the present ones of ``idx[a:b]``
+    (:func:`bounded_insert_ranges`; the table is full): a new key whose window or
+    vacated run would reach ``hi`` is deferred (``deferred[i]``, rows and
+    where left -2 / -1), and so are its later repeats.  Returns ``(rows taken, keys
+    evicted, tombstones made minus consumed, size after, positions deferred)``."""
+    taken = 0
+    n_ev = 0
+    d_deleted = 0
+    n_def = 0
+    held = np.empty(DEFER_KEYS, np.int64)      # the keys deferred so far
+    spec = np.full(2 * AHEAD, -1, np.int64)    # the victims foreseen for the next keys
+    for t in range(a, b):
+        # a serial pass: overlap the next keys' cache misses.  2 * AHEAD keys ahead:
+        # their probes and victim windows; AHEAD ahead: the victim each would take now
+        # (the keys between rarely change it), its slot; AHEAD / 2 ahead: its score row
+        if t + 2 * AHEAD < idx.shape[0]:      # (in range mode: on into the next range)
+            j = idx[t + 2 * AHEAD]
+            if rows[j] >= 0:
+                prefetch_write(scores, rows[j] * 8)
+            else:
+                h = first_slot(keys[j], mask)
+                prefetch_write(slots, 16 * h)
+                prefetch_write(mark, 8 * h)
+                if size >= limit:
+                    for off in range(8 * h, min(8 * (h + window), 8 * (mask + 1)), 64):
+                        prefetch_write(mscore, off)
+        if t + AHEAD < b and size >= limit:
+            j = idx[t + AHEAD]
+            if rows[j] < 0:
+                v = _victim(slots, mask, keys[j], window, mscore, mark, batch)[0]
+                spec[(t + AHEAD) % (2 * AHEAD)] = v
+                if v >= 0:
+                    prefetch_write(slots, 16 * v)        # (and the run after it, which
+                    prefetch_write(slots, 16 * v + 64)   # moves back when it is vacated)
+                    prefetch_write(mark, 8 * v)
+        if t + AHEAD // 2 < b and size >= limit:
+            j = idx[t + AHEAD // 2]
+            v = spec[(t + AHEAD // 2) % (2 * AHEAD)]
+            if rows[j] < 0 and v >= 0 and slots[2 * v + 1] >= 0:
+                prefetch_write(scores, slots[2 * v + 1] * 8)
+        i = idx[t]
+        key = keys[i]
+        inserted[i] = False
+        if rows[i] >= 0:            # present when the call started
+            r = rows[i]
+            scores[r] = touched(policy, scores[r], given[i], epoch, clock, False, keep)
+            continue
+        h = first_slot(key, mask)
+        defer = False
+        if hi >= 0:                 # a range: stay inside it, keep a key's repeats in order
+            defer = n_def >= DEFER_KEYS or h + window > hi
+            for q in range(min(n_def, DEFER_KEYS)):
+                defer = defer or held[q] == key
+        s = np.int64(-1)
+        free = np.int64(-1)
+        if not defer:               # (in a range: no free slot before its end, -2, means
+            s, free = _probe(slots, mask, key, hi)     # the victim's slot comes first)
+        if s >= 0:                  # a repeat of a key this call inserted
+            r = slots[2 * s + 1]
+            rows[i] = r
+            where[i] = s
+            scores[r] = touched(policy, scores[r], given[i], epoch, clock, False, keep)
+            continue
+        score = touched(policy, np.int64(0), given[i], epoch, clock, True, keep)
+        v = np.int64(-1)
+        evict = False
+        if defer:
+            pass
+        elif size < limit:
+            r = free_rows[n_free - 1 - taken] if taken < n_free else fresh_start + taken - n_free
+            taken += 1
+            size += 1
+        else:
+            v, v_score = _victim(slots, mask, key, window, mscore, mark, batch)
+            while v >= 0 and slots[2 * v + 1] < 0:    # a stale copy: that slot is free
+                mscore[v] = MAX
+                v, v_score = _victim(slots, mask, key, window, mscore, mark, batch)
+            if v < 0 or score < v_score:
+                rows[i] = -1
+                continue
+            evict = True
+            if free == -2 or ((v - h) & mask) < ((free - h) & mask):
+                free = v                # the victim's slot comes first: the key goes there
+                v = -1
+            elif hi >= 0 and not _run_ends_before(slots, mask, v, hi):
+                defer = True            # vacating it would move keys of the next range
+        if defer:
+            deferred[i] = True
+            if n_def < DEFER_KEYS:
+                held[n_def] = key
+            n_def += 1
+            continue
+        if evict:                   # the victim's row is the new key's
+            r = slots[2 * (free if v < 0 else v) + 1]
+            ev_keys[e0 + n_ev] = slots[2 * (free if v < 0 else v)]
+            ev_rows[e0 + n_ev] = r
+            ev_pos[e0 + n_ev] = i
+            n_ev += 1
+        p = free
+        if slots[2 * p + 1] == DELETED:
+            d_deleted -= 1
+        slots[2 * p] = key
+        slots[2 * p + 1] = r
+        mscore[p] = MAX
+        mark[p] = batch
+        if v >= 0:                  # placed before the victim: empty the victim's slot
+            _vacate(slots, mask, v, mscore, mark)
+        scores[r] = score
+        rows[i] = r
+        where[i] = p
+        inserted[i] = True
+    return taken, n_ev, d_deleted, size, n_def
+
+
 @njit(nogil=True, cache=True)
 def bounded_insert(slots, mask, keys, given, scores, mscore, mark, batch, rows, where,
                    inserted, free_rows, n_free, fresh_start, size, limit, window, policy,
@@ -224,88 +376,82 @@ def bounded_insert(slots, mask, keys, given, scores, mscore, mark, batch, rows, 
     and their rows.  Returns ``(rows taken, keys evicted, tombstones made minus
     consumed, size after)``.
     """
-    taken = 0
-    n_ev = 0
-    d_deleted = 0
     n = keys.shape[0]
-    spec = np.full(2 * AHEAD, -1, np.int64)    # the victims foreseen for the next keys
-    for i in range(n):              # in batch order: scores, inserts, evictions
-        # a serial pass: overlap the next keys' cache misses.  2 * AHEAD keys ahead:
-        # their probes and victim windows; AHEAD ahead: the victim each would take now
-        # (the keys between rarely change it), its slot; AHEAD / 2 ahead: its score row
-        j = i + 2 * AHEAD
-        if j < n:
-            if rows[j] >= 0:
-                prefetch_write(scores, rows[j] * 8)
-            else:
-                h = first_slot(keys[j], mask)
-                prefetch_write(slots, 16 * h)
-                prefetch_write(mark, 8 * h)
-                if size >= limit:
-                    for off in range(8 * h, min(8 * (h + window), 8 * (mask + 1)), 64):
-                        prefetch_write(mscore, off)
-        j = i + AHEAD
-        if j < n and rows[j] < 0 and size >= limit:
-            v = _victim(slots, mask, keys[j], window, mscore, mark, batch)[0]
-            spec[j % (2 * AHEAD)] = v
-            if v >= 0:
-                prefetch_write(slots, 16 * v)        # (and the run after it, which
-                prefetch_write(slots, 16 * v + 64)   # moves back when it is vacated)
-                prefetch_write(mark, 8 * v)
-        j = i + AHEAD // 2
-        if j < n and rows[j] < 0 and size >= limit:
-            v = spec[j % (2 * AHEAD)]
-            if v >= 0 and slots[2 * v + 1] >= 0:
-                prefetch_write(scores, slots[2 * v + 1] * 8)
-        key = keys[i]
-        inserted[i] = False
-        if rows[i] >= 0:            # present when the call started
-            r = rows[i]
-            scores[r] = touched(policy, scores[r], given[i], epoch, clock, False, keep)
-            continue
-        s, free = _probe(slots, mask, key)     # and where it would go (one pass)
-        if s >= 0:                  # a repeat of a key this call inserted
-            r = slots[2 * s + 1]
-            rows[i] = r
-            where[i] = s
-            scores[r] = touched(policy, scores[r], given[i], epoch, clock, False, keep)
-            continue
-        score = touched(policy, np.int64(0), given[i], epoch, clock, True, keep)
-        v = np.int64(-1)
-        if size < limit:
-            r = free_rows[n_free - 1 - taken] if taken < n_free else fresh_start + taken - n_free
-            taken += 1
-            size += 1
-        else:
-            v, v_score = _victim(slots, mask, key, window, mscore, mark, batch)
-            while v >= 0 and slots[2 * v + 1] < 0:    # a stale copy: that slot is free
-                mscore[v] = MAX
-                v, v_score = _victim(slots, mask, key, window, mscore, mark, batch)
-            if v < 0 or score < v_score:
-                rows[i] = -1
-                continue
-            r = slots[2 * v + 1]
-            ev_keys[n_ev] = slots[2 * v]
-            ev_rows[n_ev] = r
-            n_ev += 1
-            h = first_slot(key, mask)
-            if ((v - h) & mask) < ((free - h) & mask):
-                free = v                # the victim's slot comes first: the key goes there
-                v = -1
-        p = free
-        if slots[2 * p + 1] == DELETED:
-            d_deleted -= 1
-        slots[2 * p] = key
-        slots[2 * p + 1] = r
-        mscore[p] = MAX
-        mark[p] = batch
-        if v >= 0:                  # placed before the victim: empty the victim's slot
-            _vacate(slots, mask, v, mscore, mark)
-        scores[r] = score
-        rows[i] = r
-        where[i] = p
-        inserted[i] = True
+    taken, n_ev, d_deleted, size, _ = _pass(
+        np.arange(n), 0, n, slots, mask, keys, given, scores, mscore, mark, batch, rows,
+        where, inserted, free_rows, n_free, fresh_start, size, limit, window, policy, epoch,
+        clock, keep, -1, ev_keys, ev_rows, np.empty(n, np.int64), 0, np.empty(0, np.bool_))
     return taken, n_ev, d_deleted, size
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch, rows, where,
+                          inserted, n_ranges, limit, window, policy, epoch, clock, keep,
+                          ev_keys, ev_rows, deferred):
+    """:func:`bounded_insert` into a *full* table on several threads.
+
+    The index is cut into ``n_ranges`` ranges of consecutive slots (a number fixed by
+    the table, not by the threads).  Each range runs, in batch order, the positions
+    whose key lives in it (present keys: their slot; absent: their home slot) and
+    that it can finish alone (:func:`_pass`); the positions it defers (a new key near
+    its end, under 1% of them) then run serially in batch order.  The result is that
+    of :func:`bounded_insert` on the call's positions reordered so, the deferred ones
+    last (ranges touch disjoint slots, rows and scores): it depends on the table and
+    the call only.  ``deferred`` (n,) receives which positions were; the evictions
+    are reported in the order of the positions that made them.  Returns ``(keys
+    evicted, tombstones made minus consumed)``.
+    """
+    n = keys.shape[0]
+    span = (mask + 1) // n_ranges
+    starts = np.zeros(n_ranges + 1, np.int64)
+    home = np.empty(n, np.int64)
+    for i in range(n):              # group the positions by range (counting sort)
+        home[i] = (where[i] if rows[i] >= 0 else first_slot(keys[i], mask)) // span
+        starts[home[i] + 1] += 1
+    for g in range(n_ranges):
+        starts[g + 1] += starts[g]
+    order = np.empty(n, np.int64)
+    fill = starts[:-1].copy()
+    for i in range(n):
+        order[fill[home[i]]] = i
+        fill[home[i]] += 1
+    # the ranges work on copies in range order (contiguous, not scattered, accesses)
+    k2, g2, r2, w2 = np.empty_like(keys), np.empty_like(given), np.empty_like(rows), \
+        np.empty_like(where)
+    new2, late2 = np.empty(n, np.bool_), np.zeros(n, np.bool_)
+    for t in prange(n):
+        i = order[t]
+        k2[t], g2[t], r2[t], w2[t] = keys[i], given[i], rows[i], where[i]
+    # evictions: range g's from starts[g] on, the deferred positions' from n on
+    ek, er, ep = np.empty(2 * n, np.int64), np.empty(2 * n, np.int64), np.empty(2 * n, np.int64)
+    n_evs, made = np.zeros(n_ranges, np.int64), np.zeros(n_ranges, np.int64)
+    no_rows = np.empty(0, np.int64)
+    same = np.arange(n)
+    for g in prange(n_ranges):
+        out = _pass(same, starts[g], starts[g + 1], slots, mask, k2, g2, scores, mscore, mark,
+                    batch, r2, w2, new2, no_rows, 0, 0, limit, limit, window, policy, epoch,
+                    clock, keep, (g + 1) * span, ek, er, ep, starts[g], late2)
+        n_evs[g], made[g] = out[1], out[2]
+    for t in prange(n):
+        i = order[t]
+        rows[i], where[i], inserted[i], deferred[i] = r2[t], w2[t], new2[t], late2[t]
+    late = np.flatnonzero(deferred)
+    out = _pass(late, 0, late.shape[0], slots, mask, keys, given, scores, mscore, mark, batch,
+                rows, where, inserted, no_rows, 0, 0, limit, limit, window, policy, epoch,
+                clock, keep, -1, ek, er, ep, n, deferred)
+    at = np.full(n, -1, np.int64)       # report them in the order of their positions
+    for g in range(n_ranges):
+        for e in range(starts[g], starts[g] + n_evs[g]):
+            at[order[ep[e]]] = e
+    for e in range(n, n + out[1]):
+        at[ep[e]] = e
+    c = 0
+    for i in range(n):
+        if at[i] >= 0:
+            ev_keys[c] = ek[at[i]]
+            ev_rows[c] = er[at[i]]
+            c += 1
+    return c, made.sum() + out[2]
 
 
 @njit(nogil=True, cache=True, parallel=True)

@@ -108,12 +108,21 @@ class BoundedShard(Shard):
                                 self.mark, self._batch)
                 rows[lo:] = r2[lo:]
             self._reserve_rows(k.shape[0])      # (may move the columns)
-            taken, ev, made, size = kb.bounded_insert(
-                self.slots, self.mask, k, given[lo:lo + step], self._scores(), self.mscore,
-                self.mark, self._batch, rows[lo:lo + step], where[lo:lo + step],
-                inserted[lo:lo + step], self.free_rows, self.free_rows.shape[0], self.fresh,
-                self.n_full, self.limit, self.window, self.policy, epoch, clock,
-                scores is None, ev_keys[n_ev:], ev_rows[n_ev:])
+            call = (self.slots, self.mask, k, given[lo:lo + step], self._scores(), self.mscore,
+                    self.mark, self._batch, rows[lo:lo + step], where[lo:lo + step],
+                    inserted[lo:lo + step])
+            ranges = kb.ranges_for(self.capacity, self.window)
+            if self.n_full >= self.limit and k.shape[0] >= kb.RANGES_MIN and ranges > 1:
+                ev, made = kb.bounded_insert_ranges(   # full: every new key evicts or is
+                    *call, ranges, self.limit, self.window, self.policy, epoch, clock,
+                    scores is None, ev_keys[n_ev:], ev_rows[n_ev:],    # refused: ranges of
+                    np.empty(k.shape[0], np.bool_))                   # the index in parallel
+                taken, size = 0, self.n_full
+            else:
+                taken, ev, made, size = kb.bounded_insert(
+                    *call, self.free_rows, self.free_rows.shape[0], self.fresh, self.n_full,
+                    self.limit, self.window, self.policy, epoch, clock, scores is None,
+                    ev_keys[n_ev:], ev_rows[n_ev:])
             self._take_rows(taken)
             self.n_full = size
             self.n_deleted += made

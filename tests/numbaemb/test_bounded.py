@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import numbaemb as ne
+from jit_kernels import bounded as kb
 from numbaemb import optimizers as O
 
 INT64_MIN, INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
@@ -198,11 +199,27 @@ class BoundedMachine(RuleBasedStateMachine):
             assert dict(zip(sk.tolist(), sv[:, 0].tolist())) == self.scores
 
 
-def machine(policy, exact=True):
+class RangesMachine(BoundedMachine):
+    """Every call on a full table takes the parallel pass, its index cut into 4 ranges
+    (``jit_kernels.bounded.bounded_insert_ranges``; by default only calls of 2,048
+    keys or more into an index of 8,192 slots or more do)."""
+
+    def __init__(self):
+        self.saved = kb.ranges_for, kb.RANGES_MIN
+        kb.ranges_for, kb.RANGES_MIN = (lambda capacity, window: 4), 1
+        super().__init__()
+
+    def teardown(self):
+        kb.ranges_for, kb.RANGES_MIN = self.saved
+        super().teardown()
+
+
+def machine(policy, exact=True, ranges=False):
     attrs = {"POLICY": policy, "EXACT": exact}
     if not exact:
         attrs.update(CAP=12, WINDOW=3)
-    cls = type(f"Bounded_{policy}_{'exact' if exact else 'window'}", (BoundedMachine,), attrs)
+    name = f"Bounded_{policy}_{'exact' if exact else 'window'}{'_ranges' if ranges else ''}"
+    cls = type(name, (RangesMachine if ranges else BoundedMachine,), attrs)
     test = cls.TestCase
     test.settings = settings(max_examples=30, stateful_step_count=20, deadline=None)
     return test
@@ -215,6 +232,8 @@ TestEpochLFU = machine("epoch_lfu")
 TestCustom = machine("custom")
 TestLRUSmallWindow = machine("lru", exact=False)
 TestLFUSmallWindow = machine("lfu", exact=False)
+TestLRUSmallWindowRanges = machine("lru", exact=False, ranges=True)
+TestLFUSmallWindowRanges = machine("lfu", exact=False, ranges=True)
 
 
 def test_bad_bounded_arguments():
@@ -300,18 +319,30 @@ def test_stream_hit_rate_is_near_an_exact_lru_cache():
     assert hits >= 0.9 * exact > 0
 
 
-def test_evictions_do_not_depend_on_threads(monkeypatch):
+@pytest.mark.parametrize("ranges", [False, True])
+def test_evictions_do_not_depend_on_threads(monkeypatch, ranges):
     """Tables fed the same calls evict the same keys, whatever the thread count: the
     index is rebuilt serially (its layout decides each key's window), also with every
-    other kernel in parallel (PARALLEL_MIN = 0)."""
+    other kernel in parallel (PARALLEL_MIN = 0), and the parallel evicting pass cuts
+    the index into ranges by its size, not by the threads."""
+    import numba
     from jit_kernels import segment
     monkeypatch.setattr(segment, "PARALLEL_MIN", 0)
+    if ranges:
+        monkeypatch.setattr(kb, "RANGE_SLOTS", 64)
     rng = np.random.default_rng(4)
     calls = [rng.zipf(1.2, 3000) % 20_000 for _ in range(30)]   # rehashes on the way
-    tables = [ne.Variable(2, max_capacity=500, evict="lru", evict_window=8) for _ in range(2)]
-    for ids in calls:
-        for t in tables:
-            t.find_or_insert(ids)
+    tables = [ne.Variable(2, max_capacity=500, evict="lru", evict_window=1 if ranges else 8)
+              for _ in range(2)]
+    assert (kb.ranges_for(tables[0].shards[0].capacity, 1) > 1) == ranges
+    threads = numba.get_num_threads()
+    try:
+        for ids in calls:
+            for n_threads, t in zip((1, threads), tables):
+                numba.set_num_threads(n_threads)
+                t.find_or_insert(ids)
+    finally:
+        numba.set_num_threads(threads)
     (k1, v1), (k2, v2) = (t.export() for t in tables)
     assert k1.shape[0] == 500
     np.testing.assert_array_equal(np.sort(k1), np.sort(k2))

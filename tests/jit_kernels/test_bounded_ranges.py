@@ -1,0 +1,159 @@
+"""The parallel evicting pass (``jit_kernels.bounded.bounded_insert_ranges``) against
+the serial one.
+
+Its documented result: that of the serial :func:`bounded_insert` on the call's
+positions reordered so that the positions it deferred come last (each in batch
+order).  Small indexes cut into ranges of 16-64 slots make many keys cross a range's
+end (deferred by the window, the probe sequence or the vacated run); keys include the
+extremes, repeats and keys present when the call starts; every policy, custom scores.
+"""
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jit_kernels import bounded as kb
+from jit_kernels.slots import empty_slots, first_slot
+
+INT64_MIN, INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
+POOL = [INT64_MIN, INT64_MAX, -1, 0, 1, 2, 3, 17, -17, 1 << 40]
+key_st = st.one_of(st.sampled_from(POOL), st.integers(-300, 300),
+                   st.integers(INT64_MIN, INT64_MAX))
+CAP = 256                      # index slots; a full table holds LIMIT keys (load 0.39)
+LIMIT = 100                    # or Table(limit=160) (load 0.63, longer probe sequences)
+
+
+class Table:
+    """A full bounded table's arrays (the kernels' arguments)."""
+
+    def __init__(self, window, policy, seed, limit=LIMIT):
+        self.limit = limit
+        self.slots, self.scores = empty_slots(CAP), np.zeros(limit, np.int64)
+        self.mscore, self.mark = np.full(CAP, kb.MAX, np.int64), np.zeros(CAP, np.int64)
+        self.window, self.policy, self.batch = window, policy, 0
+        rng = np.random.default_rng(seed)
+        first = rng.choice(np.arange(-5000, 5000), limit, replace=False).astype(np.int64)
+        self.serial(first, np.zeros(limit, np.int64), clock=1, size=0)
+        for clock in (2, 3):        # evictions and repeats: varied scores and layout
+            self.serial(rng.integers(-6000, 6000, 60), rng.integers(0, 9, 60), clock, limit)
+
+    def copy(self):
+        other = object.__new__(Table)
+        other.__dict__ = {k: (v.copy() if isinstance(v, np.ndarray) else v)
+                          for k, v in self.__dict__.items()}
+        return other
+
+    def start(self, keys):
+        n = keys.shape[0]
+        self.batch += 1
+        rows, where = np.empty(n, np.int64), np.empty(n, np.int64)
+        kb.find_present(self.slots, CAP - 1, keys, rows, where, self.mscore, self.mark,
+                        self.batch)
+        return (self.slots, CAP - 1, keys), rows, where, np.empty(n, np.bool_)
+
+    def common(self):
+        return self.scores, self.mscore, self.mark, self.batch
+
+    def serial(self, keys, scores, clock, size):
+        keys = np.asarray(keys, np.int64)
+        (slots, mask, keys), rows, where, new = self.start(keys)
+        n = keys.shape[0]
+        ev_k, ev_r = np.empty(n, np.int64), np.empty(n, np.int64)
+        out = kb.bounded_insert(slots, mask, keys, scores, *self.common(), rows, where, new,
+                                np.empty(0, np.int64), 0, 0, size, self.limit, self.window,
+                                self.policy, 0, clock, False, ev_k, ev_r)
+        kb.restore_scores(slots, mask, keys, where, self.scores, self.mscore)
+        return rows, where, new, ev_k[:out[1]], ev_r[:out[1]], out
+
+    def ranges(self, keys, scores, clock, n_ranges):
+        (slots, mask, keys), rows, where, new = self.start(keys)
+        n = keys.shape[0]
+        ev_k, ev_r, late = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.bool_)
+        n_ev, made = kb.bounded_insert_ranges(
+            slots, mask, keys, scores, *self.common(), rows, where, new, n_ranges, self.limit,
+            self.window, self.policy, 0, clock, False, ev_k, ev_r, late)
+        kb.restore_scores(slots, mask, keys, where, self.scores, self.mscore)
+        return rows, where, new, ev_k[:n_ev], ev_r[:n_ev], made, late
+
+
+def check_same_as_serial(table, keys, scores, n_ranges):
+    a, b = table, table.copy()
+    rows, where, new, ev_k, ev_r, made, late = a.ranges(keys, scores, 5, n_ranges)
+    perm = np.concatenate([np.flatnonzero(~late), np.flatnonzero(late)])
+    rows_b, _, new_b, ev_kb, ev_rb, out = b.serial(keys[perm], scores[perm], 5, a.limit)
+    for name in ("slots", "scores", "mscore", "mark"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+    np.testing.assert_array_equal(rows[perm], rows_b)
+    np.testing.assert_array_equal(new[perm], new_b)
+    assert made == out[2] and out[0] == 0 and out[3] == a.limit
+    for key in np.unique(keys):     # a key's positions keep their batch order (its first
+        at = perm[keys[perm] == key]        # admitted position is the one that inserts)
+        assert (np.diff(at) > 0).all(), key
+    # the serial pass evicts once for each insert into the full table, in its order:
+    # the ranges report the same evictions in the order of the evicting positions
+    by_position = np.argsort(perm[new_b], kind="stable")
+    np.testing.assert_array_equal(ev_k, ev_kb[by_position])
+    np.testing.assert_array_equal(ev_r, ev_rb[by_position])
+    keys_now = a.slots[0::2][a.slots[1::2] >= 0]
+    assert keys_now.shape[0] == a.limit
+    ok = rows >= 0                   # every admitted key is in the table, found by its probe
+    assert set(keys[ok].tolist()) <= set(keys_now.tolist())
+    for key, row in zip(keys[ok].tolist(), rows[ok].tolist()):
+        assert kb._find(a.slots, CAP - 1, np.int64(key)) >= 0
+        assert a.slots[2 * kb._find(a.slots, CAP - 1, np.int64(key)) + 1] == row
+    return late
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(key_st, min_size=1, max_size=120), st.sampled_from([1, 2, 4, 8]),
+       st.sampled_from([2, 4, 8, 16]), st.sampled_from(sorted(kb.POLICIES.values())),
+       st.integers(0, 3), st.data())
+def test_ranges_equal_the_serial_pass_on_the_reordered_call(keys, window, n_ranges, policy,
+                                                           seed, data):
+    table = Table(window, policy, seed)
+    present = table.slots[0::2][table.slots[1::2] >= 0]
+    extra = data.draw(st.lists(st.sampled_from(present.tolist()), max_size=40))
+    keys = np.array(keys + extra, np.int64)
+    keys = keys[np.random.default_rng(seed).permutation(keys.shape[0])]
+    scores = np.array(data.draw(st.lists(st.integers(0, 9), min_size=keys.shape[0],
+                                         max_size=keys.shape[0])), np.int64)
+    check_same_as_serial(table, keys, scores, n_ranges)
+
+
+def test_ranges_equal_the_serial_pass_on_large_random_calls():
+    """Ranges interact only when a kernel lets one reach past its end, and that takes a
+    particular layout: many calls of 120-200 keys (most of them evict), every policy."""
+    rng = np.random.default_rng(7)
+    deferred = 0
+    for ex in range(400):
+        window, n_ranges = [1, 2, 4, 8][ex % 4], [2, 4, 8, 16][ex // 4 % 4]
+        policy = sorted(kb.POLICIES.values())[ex // 16 % 5]
+        table = Table(window, policy, ex, limit=(LIMIT, 160)[ex % 2])
+        n = int(rng.integers(120, 200))
+        keys = np.where(rng.random(n) < 0.05, rng.choice(POOL, n), rng.integers(-300, 300, n))
+        scores = rng.integers(0, 9, n)
+        deferred += check_same_as_serial(table, keys.astype(np.int64), scores, n_ranges).sum()
+    assert deferred > 1000         # the ranges' ends were in play
+
+
+def test_a_range_that_defers_many_keys_defers_every_new_key_after():
+    """Past ``DEFER_KEYS`` deferred keys a range defers every new key left (so a key's
+    repeats stay in batch order without a long list to search)."""
+    table = Table(2, kb.LRU, 0)
+    span = CAP // 2
+    pool = np.arange(-200000, 200000, dtype=np.int64)
+    homes = np.array([first_slot(k, CAP - 1) for k in pool])
+    near_end = pool[(homes >= span - 1) & (homes < span)][:kb.DEFER_KEYS + 5]
+    early = pool[homes < 8][:20]
+    assert near_end.shape[0] == kb.DEFER_KEYS + 5 and early.shape[0] == 20
+    keys = np.concatenate([near_end, early])
+    late = check_same_as_serial(table, keys, np.zeros(keys.shape[0], np.int64), 2)
+    assert late[:near_end.shape[0]].all()       # windows over the range's end
+    present = set(table.slots[0::2][table.slots[1::2] >= 0].tolist())
+    absent = np.array([k not in present for k in early.tolist()])
+    assert absent.any() and late[near_end.shape[0]:][absent].all()
+
+
+def test_ranges_for_depends_on_the_table_alone():
+    assert kb.ranges_for(1 << 21, 32) == 512
+    assert kb.ranges_for(1 << 12, 32) == 1            # too small: the serial pass
+    assert kb.ranges_for(1 << 30, 1) == 1024
