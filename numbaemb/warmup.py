@@ -87,6 +87,7 @@ def _warm_pair(ne, segment, key_dtype, value_dtype, timed, verbose):
         w, ne.optimizers.Adam(0.1), uniq.astype(key_dtype), rows, step=1, inverse=inverse))
     if segment.PARALLEL_MIN != 0:       # (always parallel: once a dtype pair)
         timed("many tables in one kernel call", lambda: _warm_many(ne, key_dtype, value_dtype))
+        timed("bounded tables", lambda: _warm_bounded(ne, key_dtype, value_dtype))
 
 
 def _warm_many(ne, key_dtype, value_dtype):
@@ -101,6 +102,24 @@ def _warm_many(ne, key_dtype, value_dtype):
     multi.apply_many(tables, ne.optimizers.Adam(0.1), [g.uniq for g in got],
                      [np.ones((10, t.dim), value_dtype) for t in tables],
                      [g.inverse for g in got], [None, None], step=1)
+
+
+def _warm_bounded(ne, key_dtype, value_dtype):
+    """A bounded table (``max_capacity``): inserts that fill it, evicting inserts in the
+    serial pass and in ranges of the index (a small table made to take them), an
+    optimizer step."""
+    from jit_kernels import bounded as kb
+    saved = kb.RANGE_SLOTS, kb.RANGES_MIN
+    try:
+        kb.RANGE_SLOTS, kb.RANGES_MIN = 16, 8
+        v = ne.Variable(4, key_dtype=key_dtype, value_dtype=value_dtype, max_capacity=40,
+                        evict_window=1, name="warm_bounded")
+        v.find_or_insert(np.arange(60, dtype=key_dtype))
+        v.find_or_insert(np.arange(60, 64, dtype=key_dtype))       # (below RANGES_MIN)
+        ne.optimizers.apply_gradients(v, ne.optimizers.Adam(0.1), np.arange(50, 70, dtype=key_dtype),
+                                      np.ones((20, 4), value_dtype), step=1)
+    finally:
+        kb.RANGE_SLOTS, kb.RANGES_MIN = saved
 
 
 def main(argv=None):

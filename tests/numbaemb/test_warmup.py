@@ -12,10 +12,14 @@ JOB = """
 import json, sys, numpy as np, numbaemb as ne
 from numba.core.dispatcher import Dispatcher
 ids = np.random.default_rng(0).integers(-2**62, 2**62, int(sys.argv[1]))
-v = ne.Variable(dim=8)
+bound = {"max_capacity": ids.size // 2} if len(sys.argv) > 2 else {}
+v = ne.Variable(dim=8, **bound)
 v.find_or_insert(ids); v.lookup(ids)
 ne.optimizers.apply_gradients(v, ne.optimizers.Adam(1e-3), ids, np.ones((ids.size, 8),
                               np.float32), step=1)
+if bound:                   # full: evicting inserts, in ranges of the index
+    assert v.size() == ids.size // 2
+    v.find_or_insert(ids[::-1].copy())
 seen = [d for m in list(sys.modules.values()) if m is not None
         and m.__name__.startswith(("jit_kernels", "numbaemb"))
         for d in vars(m).values() if isinstance(d, Dispatcher)]
@@ -36,13 +40,13 @@ def test_warm_runs_every_group():
     assert {"find_or_insert", "lookup", "upsert", "accum", "export", "remove", "SGD", "Adam",
             "Ftrl", "RMSprop", "Adagrad", "SGD momentum",
             "unique / segment-sum / spread", "table growth",
-            "many tables in one kernel call"} <= set(times)
+            "many tables in one kernel call", "bounded tables"} <= set(times)
 
 
 def test_after_warmup_the_table_job_compiles_nothing():
     """Small batches run the serial twins, large ones the parallel builds: both cached."""
     out = run("-m", "numbaemb.warmup", "-q").stderr
     assert "compiled and cached" in out
-    for n in ("1000", "300000"):
-        got = json.loads(run("-c", JOB, n).stdout.strip().splitlines()[-1])
-        assert got["misses"] == 0 and got["hits"] > 0, (n, got)
+    for args in (("1000",), ("300000",), ("1000", "bounded"), ("10000", "bounded")):
+        got = json.loads(run("-c", JOB, *args).stdout.strip().splitlines()[-1])
+        assert got["misses"] == 0 and got["hits"] > 0, (args, got)
