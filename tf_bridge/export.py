@@ -56,7 +56,8 @@ import tensorflow as tf
 
 from . import mode
 from .serving import ServingTable
-from .variable import _SERVING, Variable
+from .serving_hooks import _SERVING
+from .variable import Variable
 
 __all__ = ["export_for_serving", "serving_lookups"]
 

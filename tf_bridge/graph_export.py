@@ -2,7 +2,7 @@
 in which every table lookup is a TF-native op, so it loads without numbaemb.
 
 In a TF1 graph each table lookup is a ``tf.numpy_function`` op.  Each one
-records (``tf_bridge.variable.register_serving``) how to compute its outputs
+records (``tf_bridge.serving_hooks.register_serving``) how to compute its outputs
 with a frozen :class:`~tf_bridge.serving.ServingTable` instead.  :func:`export_graph_for_serving`
 takes the part of the session's graph that computes ``outputs``, freezes its
 dense variables to constants (values read from the session), replaces each
@@ -24,7 +24,7 @@ import shutil
 import tensorflow as tf
 
 from .export import _PY_OPS, serving_lookups
-from .variable import _SERVE_OPS
+from .serving_hooks import _SERVE_OPS
 
 __all__ = ["export_graph_for_serving"]
 
@@ -122,8 +122,9 @@ def _write(frozen, lookups, serve_of, inputs, outputs, path):
             del m.input[:]        # control inputs on dropped nodes are dropped
             m.input.extend(i for i in n.input
                            if not (i.startswith("^") and _node(i) not in kept_names))
+        outside = lookups | pre_names      # nodes the rest reads from the new graph
         used = {i if ":" in i else i + ":0" for n in rest.node for i in n.input
-                if not i.startswith("^") and _node(i) in (lookups | pre_names)}
+                if not i.startswith("^") and _node(i) in outside}
         input_map = {name: mapping[name] if _node(name) in lookups else g.get_tensor_by_name(name)
                      for name in used}
         tf.compat.v1.import_graph_def(rest, input_map=input_map, name="")

@@ -39,7 +39,8 @@ from numbaemb._checks import storage_dtype
 
 from . import mode
 from .dlpack import from_tf, numpy_call, to_tf
-from .variable import _SERVING, Variable, _pool, register_serving
+from .serving_hooks import _SERVING, register_serving, serve_unique_forward
+from .variable import Variable, _pool
 
 __all__ = ["embedding_lookup", "embedding_lookup_unique", "embedding_lookup_sparse",
            "safe_embedding_lookup_sparse", "unique_lookup", "lookup_many", "sum_by_key",
@@ -170,20 +171,9 @@ def unique_lookup(params, ids, handle=None):
     else:
         out = numpy_call(forward, params._key_inputs(ids), _tout(params, train),
                          name="unique_lookup", collective=params.distributed)
-        register_serving(out[0], lambda table_for, inputs: _serve_forward(
+        register_serving(out[0], lambda table_for, inputs: serve_unique_forward(
             params, train, table_for, inputs))
     return _finish(params, ids, out, handle)
-
-
-def _serve_forward(params, train, table_for, inputs):
-    """:func:`_forward`'s outputs from TF ops on a frozen table (TF1 graph export)."""
-    flat = tf.reshape(params._keys_of_inputs(inputs), [-1])
-    rows = table_for(params).lookup(flat)
-    if not train:
-        return [rows]
-    ids = tf.strings.to_hash_bucket_fast(flat, 2 ** 63 - 1) if params.string_keys else flat
-    uniq, inverse = tf.unique(ids, out_idx=tf.int64)
-    return [rows, uniq, inverse]
 
 
 def _tout(params, train):

@@ -56,6 +56,7 @@ from numbaemb.string_keys import Packed
 from .dlpack import from_tf, numpy_call
 from .initializers import translate
 from .restrict import make_policy
+from .serving_hooks import _SERVING, register_serving
 
 __all__ = ["Variable", "get_variable", "as_ids", "as_string_keys", "owner_of", "DynamicHandle"]
 
@@ -189,22 +190,6 @@ class _TableHandle(DynamicHandle, ResourceVariable):
         raise unwrapped_optimizer_error(
             f"the trainable_handle of de.Variable {getattr(owner_of(self), 'name', '?')!r}",
             " (TF1: de.DynamicEmbeddingOptimizer(tf.compat.v1.train.FtrlOptimizer(...)))")
-
-
-# Serving export (tf_bridge.export) sets ``_SERVING.hook(variable, keys, return_exists)``
-# while it traces: lookups then read TF-native ServingTables instead of calling Python.
-_SERVING = threading.local()
-# TF1 graphs: how each lookup op is served by TF ops (tf_bridge.graph_export)
-_SERVE_OPS = weakref.WeakKeyDictionary()     # graph -> {op name: serve(table_for, inputs)}
-
-
-def register_serving(output, serve):
-    """Record how to serve the numpy-function op of ``output`` (its first output; graphs
-    only, eagerly a no-op): ``serve(table_for, inputs) -> [tensors]`` gives the op's
-    outputs from its input tensors, where ``table_for(variable)`` is the variable's
-    frozen ServingTable."""
-    if not tf.executing_eagerly():
-        _SERVE_OPS.setdefault(output.graph, {})[output.op.name] = serve
 
 
 # each variable's per-step outputs handed to TensorFlow (embeddings, gradient sums) come from
