@@ -26,8 +26,11 @@ scores back after the call), so a window of 32 slots is four cache lines;
 ``mark`` (the call's number a slot) tells a call's key from one scored ``MAX``.
 A victim's slot that the new key does not take is emptied by moving the later keys
 of its run back (backward-shift deletion): evicting inserts leave no tombstones, so
-the index is not rebuilt for them and probe sequences stay short.  The pass is
-serial (one thread, batch order): the result does not depend on thread timing.
+the index is not rebuilt for them and probe sequences stay short.  The pass runs in
+batch order, serially (:func:`bounded_insert`) or, into a full table, in ranges of
+the index on all threads (:func:`bounded_insert_ranges`, the serial result of the
+call reordered so its few keys near a range's end come last): either way the result
+depends on the table and the call, never on the threads.
 
 >>> import numpy as np
 >>> from jit_kernels.slots import empty_slots

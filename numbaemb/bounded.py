@@ -2,8 +2,9 @@
 
 ``Variable(dim, max_capacity=N, evict="lru")`` builds one :class:`BoundedShard`
 (see :mod:`jit_kernels.bounded` for the scores and the eviction rule).  Every
-inserting call (``find_or_insert``, ``upsert``, optimizer steps) runs the serial
-bounded kernel; lookups are unchanged (they neither insert nor touch scores).  A
+inserting call (``find_or_insert``, ``upsert``, optimizer steps) runs the bounded
+kernels (serial, or in ranges of the index once the table is full and the call has
+``RANGES_MIN`` keys); lookups are unchanged (they neither insert nor touch scores).  A
 key that is not admitted gets no row: ``find_or_insert`` returns its initial
 values and reports it absent, ``upsert`` drops its value, an optimizer step drops
 its gradient.  An evicted key leaves with every column (optimizer slots too), and
@@ -47,7 +48,8 @@ class BoundedShard(Shard):
 
     def _reset(self):
         super()._reset()
-        # a fixed index at load <= 1/2 when full: room for tombstones between rehashes
+        # a fixed index at load <= 1/2 when full: room for the tombstones of removals
+        # (evictions leave none) between rehashes
         self.slots = empty_slots(_index_capacity(1.5 * self.limit))
         # per slot: a copy of its key's score (MAX: free, or a key of the running call)
         # and the number of the last call that touched it (see jit_kernels.bounded)
