@@ -202,3 +202,42 @@ def test_many_threads_insert_same_keys():
     order = np.argsort(ek)
     np.testing.assert_array_equal(ek[order], np.sort(keys))
     np.testing.assert_array_equal(ev[order], ref[np.argsort(keys)])
+
+
+def test_bounded_table_evicting_under_readers(monkeypatch):
+    """A full bounded table evicting on every insert (also in ranges of its index) while
+    readers look up: each key's row holds the key itself, so a reader that got a row
+    must get its own key's, whole, or the initial value; never the evicted key's row
+    under the new key."""
+    from jit_kernels import bounded as kb
+    monkeypatch.setattr(kb, "RANGE_SLOTS", 256)       # calls of 64+ keys take ranges
+    monkeypatch.setattr(kb, "RANGES_MIN", 64)
+    config = dict(max_capacity=3000, evict="lru", evict_window=8, initializer=I.Constant(MISSING))
+    warm_up(**config)
+    v = ne.Variable(dim=DIM, **config)
+    assert kb.ranges_for(v.shards[0].capacity, 8) > 1
+    universe = np.arange(20_000, dtype=np.int64)
+
+    def writer(seed):
+        def body():
+            rng = np.random.default_rng(seed)
+            for _ in range(20):
+                k = np.unique(rng.choice(universe, 500))
+                v.upsert(k, np.repeat(k.astype(np.float32)[:, None], DIM, axis=1))
+                k = rng.choice(universe, 300)          # evicting finds: their own or MISSING
+                got = check_rows(v.find_or_insert(k), "find_or_insert")
+                assert ((got == k) | (got == MISSING)).all()
+        return body
+
+    def reader(stop):
+        rng = np.random.default_rng(99)
+        while not stop.is_set():
+            k = rng.choice(universe, 400)
+            got = check_rows(v.lookup(k), "lookup")
+            assert ((got == k) | (got == MISSING)).all(), "a row under another key"
+
+    run_threads([reader, reader], [writer(s) for s in range(3)])
+    keys, vals = v.export()
+    assert 0 < keys.size <= 3000
+    got = check_rows(vals, "export")
+    assert ((got == keys) | (got == MISSING)).all()
