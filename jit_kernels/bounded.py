@@ -342,8 +342,9 @@ def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, rows
             n_def += 1
             continue
         if evict:                   # the victim's row is the new key's
-            r = slots[2 * (free if v < 0 else v) + 1]
-            ev_keys[e0 + n_ev] = slots[2 * (free if v < 0 else v)]
+            vs = free if v < 0 else v
+            r = slots[2 * vs + 1]
+            ev_keys[e0 + n_ev] = slots[2 * vs]
             ev_rows[e0 + n_ev] = r
             ev_pos[e0 + n_ev] = i
             n_ev += 1

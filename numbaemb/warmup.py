@@ -116,7 +116,8 @@ def _warm_bounded(ne, key_dtype, value_dtype):
                         evict_window=1, name="warm_bounded")
         v.find_or_insert(np.arange(60, dtype=key_dtype))
         v.find_or_insert(np.arange(60, 64, dtype=key_dtype))       # (below RANGES_MIN)
-        ne.optimizers.apply_gradients(v, ne.optimizers.Adam(0.1), np.arange(50, 70, dtype=key_dtype),
+        ne.optimizers.apply_gradients(v, ne.optimizers.Adam(0.1),
+                                      np.arange(50, 70, dtype=key_dtype),
                                       np.ones((20, 4), value_dtype), step=1)
     finally:
         kb.RANGE_SLOTS, kb.RANGES_MIN = saved
