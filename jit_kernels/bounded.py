@@ -53,7 +53,7 @@ True
 import numpy as np
 from numba import njit, prange
 
-from .cpu_table import ROWS_AHEAD, prefetch_row, prefetch_write
+from .cpu_table import ROWS_AHEAD, prefetch_row, prefetch_write, rehash
 from .initializers import init_row
 from .halfs import load, store
 from .slots import DELETED, EMPTY, first_slot, next_slot
@@ -165,12 +165,18 @@ def find_present(slots, mask, keys, rows, where, mscore, mark, batch):
     ``mscore[slot] = MAX``), so no key of the call is a victim (parallel; before
     :func:`bounded_insert`)."""
     for i in prange(keys.shape[0]):
-        s = _find(slots, mask, keys[i])
-        where[i] = s
-        rows[i] = -2 if s < 0 else slots[2 * s + 1]
-        if s >= 0:
-            mark[s] = batch
-            mscore[s] = MAX
+        present_one(slots, mask, keys, rows, where, mscore, mark, batch, i)
+
+
+@njit(nogil=True, cache=True)
+def present_one(slots, mask, keys, rows, where, mscore, mark, batch, i):
+    """:func:`find_present` for position ``i`` (the body the CUDA kernel runs too)."""
+    s = _find(slots, mask, keys[i])
+    where[i] = s
+    rows[i] = -2 if s < 0 else slots[2 * s + 1]
+    if s >= 0:
+        mark[s] = batch
+        mscore[s] = MAX
 
 
 @njit(nogil=True, cache=True)
@@ -178,9 +184,14 @@ def forget(slots, mask, keys, mscore):
     """``mscore`` of the slots of ``keys`` (those present) = ``MAX``: before they are
     removed (a stale copy would only cost the victim search a second look)."""
     for i in range(keys.shape[0]):
-        s = _find(slots, mask, keys[i])
-        if s >= 0:
-            mscore[s] = MAX
+        forget_one(slots, mask, keys, mscore, i)
+
+
+@njit(nogil=True, cache=True)
+def forget_one(slots, mask, keys, mscore, i):
+    s = _find(slots, mask, keys[i])
+    if s >= 0:
+        mscore[s] = MAX
 
 
 @njit(nogil=True, cache=True, parallel=True)
@@ -189,12 +200,17 @@ def restore_scores(slots, mask, keys, where, scores, mscore):
     ``mscore`` again (``where``: each position's slot when placed, -1 if not admitted;
     a key that an eviction moved back is found again)."""
     for i in prange(where.shape[0]):
-        s = where[i]
+        restore_one(slots, mask, keys, where, scores, mscore, i)
+
+
+@njit(nogil=True, cache=True)
+def restore_one(slots, mask, keys, where, scores, mscore, i):
+    s = where[i]
+    if s >= 0:
+        if slots[2 * s] != keys[i] or slots[2 * s + 1] < 0:
+            s = _find(slots, mask, keys[i])
         if s >= 0:
-            if slots[2 * s] != keys[i] or slots[2 * s + 1] < 0:
-                s = _find(slots, mask, keys[i])
-            if s >= 0:
-                mscore[s] = scores[slots[2 * s + 1]]
+            mscore[s] = scores[slots[2 * s + 1]]
 
 
 @njit(nogil=True, cache=True, parallel=True)
@@ -202,9 +218,14 @@ def sync_meta(slots, scores, mscore, mark):
     """``mscore[s]`` = the score of the key in slot s (``MAX`` if free), no call marks:
     rebuilt after the index is (a rehash, a load)."""
     for s in prange(mscore.shape[0]):
-        r = slots[2 * s + 1]
-        mscore[s] = scores[r] if r >= 0 else MAX
-        mark[s] = 0
+        sync_one(slots, scores, mscore, mark, s)
+
+
+@njit(nogil=True, cache=True)
+def sync_one(slots, scores, mscore, mark, s):
+    r = slots[2 * s + 1]
+    mscore[s] = scores[r] if r >= 0 else MAX
+    mark[s] = 0
 
 
 @njit(nogil=True, cache=True)
@@ -229,6 +250,11 @@ def _vacate(slots, mask, v, mscore, mark):
     mscore[hole] = MAX
 
 
+def rehash_serial(old_slots, new_slots, new_mask):
+    """Every key of ``old_slots`` into ``new_slots``, placed serially in slot order."""
+    rehash.serial(old_slots, new_slots, new_mask)
+
+
 DEFER_KEYS = 64      # keys a range defers before it defers every new key left
 RANGE_SLOTS = 4096   # the fewest index slots a range of bounded_insert_ranges has
 RANGES_MIN = 2048    # the fewest positions a call cuts into ranges
@@ -245,21 +271,25 @@ def ranges_for(capacity, window):
 @njit(nogil=True, cache=True)
 def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, rows, where,
           inserted, free_rows, n_free, fresh_start, size, limit, window, policy, epoch, clock,
-          keep, hi, ev_keys, ev_rows, ev_pos, e0, deferred):
+          keep, hi, ev_keys, ev_rows, ev_pos, e0, deferred, held, spec):
     """Positions ``idx[a:b]`` of a call in that order (see :func:`bounded_insert`);
     evictions go to ``ev_keys`` / ``ev_rows`` / ``ev_pos`` (the evicting position) from
     ``e0`` on.  ``hi >= 0``: a range of the index ``[lo, hi)`` holding the home slots
     of the absent keys and the slots of the present ones of ``idx[a:b]``
     (:func:`bounded_insert_ranges`; the table is full): a new key whose window or
     vacated run would reach ``hi`` is deferred (``deferred[i]``, rows and
-    where left -2 / -1), and so are its later repeats.  Returns ``(rows taken, keys
-    evicted, tombstones made minus consumed, size after, positions deferred)``."""
+    where left -2 / -1), and so are its later repeats.  ``held`` (``DEFER_KEYS``,) and
+    ``spec`` (``2 * AHEAD``,) int64 are work space (the keys deferred so far, the
+    victims foreseen for the next keys).  Returns ``(rows taken, keys evicted,
+    tombstones made minus consumed, size after, positions deferred)``.  One body for
+    the CPU and the GPU (:mod:`jit_kernels.cuda_bounded`; its prefetches are no-ops
+    there)."""
     taken = 0
     n_ev = 0
     d_deleted = 0
     n_def = 0
-    held = np.empty(DEFER_KEYS, np.int64)      # the keys deferred so far
-    spec = np.full(2 * AHEAD, -1, np.int64)    # the victims foreseen for the next keys
+    for q in range(spec.shape[0]):
+        spec[q] = -1
     for t in range(a, b):
         # a serial pass: overlap the next keys' cache misses.  2 * AHEAD keys ahead:
         # their probes and victim windows; AHEAD ahead: the victim each would take now
@@ -365,6 +395,12 @@ def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, rows
 
 
 @njit(nogil=True, cache=True)
+def _work():
+    """:func:`_pass`'s work space on the CPU: ``(held, spec)``."""
+    return np.empty(DEFER_KEYS, np.int64), np.empty(2 * AHEAD, np.int64)
+
+
+@njit(nogil=True, cache=True)
 def bounded_insert(slots, mask, keys, given, scores, mscore, mark, batch, rows, where,
                    inserted, free_rows, n_free, fresh_start, size, limit, window, policy,
                    epoch, clock, keep, ev_keys, ev_rows):
@@ -381,10 +417,12 @@ def bounded_insert(slots, mask, keys, given, scores, mscore, mark, batch, rows, 
     consumed, size after)``.
     """
     n = keys.shape[0]
+    held, spec = _work()
     taken, n_ev, d_deleted, size, _ = _pass(
         np.arange(n), 0, n, slots, mask, keys, given, scores, mscore, mark, batch, rows,
         where, inserted, free_rows, n_free, fresh_start, size, limit, window, policy, epoch,
-        clock, keep, -1, ev_keys, ev_rows, np.empty(n, np.int64), 0, np.empty(0, np.bool_))
+        clock, keep, -1, ev_keys, ev_rows, np.empty(n, np.int64), 0, np.empty(0, np.bool_),
+        held, spec)
     return taken, n_ev, d_deleted, size
 
 
@@ -432,17 +470,19 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
     no_rows = np.empty(0, np.int64)
     same = np.arange(n)
     for g in prange(n_ranges):
+        held, spec = _work()
         out = _pass(same, starts[g], starts[g + 1], slots, mask, k2, g2, scores, mscore, mark,
                     batch, r2, w2, new2, no_rows, 0, 0, limit, limit, window, policy, epoch,
-                    clock, keep, (g + 1) * span, ek, er, ep, starts[g], late2)
+                    clock, keep, (g + 1) * span, ek, er, ep, starts[g], late2, held, spec)
         n_evs[g], made[g] = out[1], out[2]
     for t in prange(n):
         i = order[t]
         rows[i], where[i], inserted[i], deferred[i] = r2[t], w2[t], new2[t], late2[t]
     late = np.flatnonzero(deferred)
+    held, spec = _work()
     out = _pass(late, 0, late.shape[0], slots, mask, keys, given, scores, mscore, mark, batch,
                 rows, where, inserted, no_rows, 0, 0, limit, limit, window, policy, epoch,
-                clock, keep, -1, ek, er, ep, n, deferred)
+                clock, keep, -1, ek, er, ep, n, deferred, held, spec)
     at = np.full(n, -1, np.int64)       # report them in the order of their positions
     for g in range(n_ranges):
         for e in range(starts[g], starts[g] + n_evs[g]):
@@ -459,10 +499,10 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
 
 
 @njit(nogil=True, cache=True, parallel=True)
-def init_copy(values, rows, keys, inserted, readable, out, kind, a, b, seed, const):
+def init_copy(values, rows, keys, inserted, present, out, kind, a, b, seed, const):
     """A bounded ``find_or_insert``'s values in one pass: each inserted row gets its
-    initial value, and ``out[i]`` (n, dim) the row of ``keys[i]`` where ``readable[i]``
-    (present when the call started, or the inserting position), else the key's
+    initial value, and ``out[i]`` (n, dim) the row of ``keys[i]`` where it is readable
+    (``present[i]`` when the call started, or the inserting position), else the key's
     initial value (not admitted, or a repeat of a key this call inserted, whose row
     another thread may not have written yet: the same bits)."""
     n = rows.shape[0]
@@ -472,7 +512,7 @@ def init_copy(values, rows, keys, inserted, readable, out, kind, a, b, seed, con
         r = rows[i]
         if inserted[i]:
             init_row(values[r], keys[i], kind, a, b, seed, const)
-        if readable[i]:
+        if present[i] or inserted[i]:
             for c in range(out.shape[1]):
                 out[i, c] = values[r, c]
         else:

@@ -22,39 +22,41 @@ import numba
 import numpy as np
 
 from jit_kernels import bounded as kb
-from jit_kernels.slots import empty_slots
 from jit_kernels.initializers import ZEROS
 
 from .shard import Shard, _index_capacity
 
-__all__ = ["BoundedShard", "POLICIES"]
+__all__ = ["BoundedShard", "BoundedRows", "POLICIES"]
 
 POLICIES = tuple(kb.POLICIES)
 SCORE = "score"          # the row-aligned score column (checkpointed with the rest)
 
 
-class BoundedShard(Shard):
-    """A :class:`numbaemb.shard.Shard` that never holds more than ``limit`` keys."""
+class BoundedRows:
+    """A bounded shard's work, on the CPU (:class:`BoundedShard`) or a GPU
+    (:class:`numbaemb.cuda_bounded.CudaBoundedShard`): the kernels come from ``_bk``
+    (:mod:`jit_kernels.bounded` or :mod:`jit_kernels.cuda_bounded`, the same names and
+    results), arrays from the shard's ``_new`` / ``_full`` / ``_copy`` / ``_take``."""
 
-    def __init__(self, dim, dtype, init, limit, policy="lru", window=32, init_size=0):
+    _bk = kb
+
+    def _bounds(self, limit, policy, window):
         self.limit = int(limit)
         self.policy = kb.POLICIES[policy]
         self.window = int(window)
         self._batch = 0
         self.last_evicted = (np.empty(0, np.int64), {})
         self.keep_evicted = False     # gather every call's evicted columns (tests, spilling)
-        super().__init__(dim, dtype, init, min(int(init_size), self.limit))
-        self.add_column(SCORE, 1, np.int64, (ZEROS, 0.0, 0.0, 0, np.zeros(1)))
 
     def _reset(self):
         super()._reset()
         # a fixed index at load <= 1/2 when full: room for the tombstones of removals
         # (evictions leave none) between rehashes
-        self.slots = empty_slots(_index_capacity(1.5 * self.limit))
+        self.slots = self._empty_index(_index_capacity(1.5 * self.limit))
         # per slot: a copy of its key's score (MAX: free, or a key of the running call)
         # and the number of the last call that touched it (see jit_kernels.bounded)
-        self.mscore = np.full(self.capacity, kb.MAX, np.int64)
-        self.mark = np.zeros(self.capacity, np.int64)
+        self.mscore = self._full(self.capacity, kb.MAX, np.int64)
+        self.mark = self._full(self.capacity, 0, np.int64)
 
     def _reserve_rows(self, n_new):
         super()._reserve_rows(min(n_new, max(0, self.limit - self.n_full)))
@@ -63,8 +65,8 @@ class BoundedShard(Shard):
         """A new index of ``cap`` slots holding this one's keys, placed serially in slot
         order: the same layout whatever the threads do, so evictions (which depend on
         the keys' neighbours in the index) are reproducible."""
-        new = empty_slots(cap)
-        self._kernels.rehash.serial(self.slots, new, cap - 1)
+        new = self._empty_index(cap)
+        self._bk.rehash_serial(self.slots, new, cap - 1)
         return new
 
     def _rehash(self, n_keys):
@@ -77,7 +79,7 @@ class BoundedShard(Shard):
         """Rebuild ``mscore`` / ``mark`` from the index and the score column (after a
         rehash or a checkpoint load wrote them)."""
         if SCORE in self.columns:
-            kb.sync_meta(self.slots, self._scores(), self.mscore, self.mark)
+            self._bk.sync_meta(self.slots, self._scores(), self.mscore, self.mark)
 
     def _scores(self):
         return self.columns[SCORE].data[:, 0]
@@ -89,39 +91,39 @@ class BoundedShard(Shard):
         keys, and with ``evicted`` (or ``keep_evicted``) their columns, gathered before
         their rows are reused; ``present`` (n,) bool, if given, which keys were in the
         table when the call started."""
-        n = keys.shape[0]
-        rows, where = np.empty(n, np.int64), np.empty(n, np.int64)
-        inserted = np.empty(n, np.bool_)
-        given = np.zeros(n, np.int64) if scores is None else scores
-        ev_keys, ev_rows = np.empty(n, np.int64), np.empty(n, np.int64)
+        bk, n = self._bk, keys.shape[0]
+        rows, where = self._new(n, np.int64), self._new(n, np.int64)
+        inserted = self._new(n, np.bool_)
+        given = self._full(n, 0, np.int64) if scores is None else scores
+        ev_keys, ev_rows = self._new(n, np.int64), self._new(n, np.int64)
         n_ev = 0
         step = max(1, self.capacity // 4)
         self._batch += 1
-        kb.find_present(self.slots, self.mask, keys, rows, where, self.mscore, self.mark,
+        bk.find_present(self.slots, self.mask, keys, rows, where, self.mscore, self.mark,
                         self._batch)
         if present is not None:
-            np.greater_equal(rows, 0, out=present)
+            self._present(rows, present)
         for lo in range(0, n, step):
             k = keys[lo:lo + step]
             if self.n_full + self.n_deleted + k.shape[0] > 0.75 * self.capacity:
                 self._rehash(self.n_full)      # clears the tombstones (and the call marks:
-                r2 = np.empty(n, np.int64)     # mark again; earlier positions' slots moved)
-                kb.find_present(self.slots, self.mask, keys, r2, where, self.mscore,
+                r2 = self._new(n, np.int64)    # mark again; earlier positions' slots moved)
+                bk.find_present(self.slots, self.mask, keys, r2, where, self.mscore,
                                 self.mark, self._batch)
-                rows[lo:] = r2[lo:]
+                self._copy(rows[lo:], r2[lo:])
             self._reserve_rows(k.shape[0])      # (may move the columns)
             call = (self.slots, self.mask, k, given[lo:lo + step], self._scores(), self.mscore,
                     self.mark, self._batch, rows[lo:lo + step], where[lo:lo + step],
                     inserted[lo:lo + step])
             ranges = kb.ranges_for(self.capacity, self.window)
             if self.n_full >= self.limit and k.shape[0] >= kb.RANGES_MIN and ranges > 1:
-                ev, made = kb.bounded_insert_ranges(   # full: every new key evicts or is
+                ev, made = bk.bounded_insert_ranges(   # full: every new key evicts or is
                     *call, ranges, self.limit, self.window, self.policy, epoch, clock,
                     scores is None, ev_keys[n_ev:], ev_rows[n_ev:],    # refused: ranges of
-                    np.empty(k.shape[0], np.bool_))                   # the index in parallel
+                    self._new(k.shape[0], np.bool_))                  # the index in parallel
                 taken, size = 0, self.n_full
             else:
-                taken, ev, made, size = kb.bounded_insert(
+                taken, ev, made, size = bk.bounded_insert(
                     *call, self.free_rows, self.free_rows.shape[0], self.fresh, self.n_full,
                     self.limit, self.window, self.policy, epoch, clock, scores is None,
                     ev_keys[n_ev:], ev_rows[n_ev:])
@@ -129,10 +131,10 @@ class BoundedShard(Shard):
             self.n_full = size
             self.n_deleted += made
             n_ev += ev
-        kb.restore_scores(self.slots, self.mask, keys, where, self._scores(), self.mscore)
+        bk.restore_scores(self.slots, self.mask, keys, where, self._scores(), self.mscore)
         ev_keys, ev_rows = ev_keys[:n_ev], ev_rows[:n_ev]
         # hand out the evicted keys' columns before their rows are initialised again
-        cols = {name: col.data[ev_rows] for name, col in self.columns.items()} \
+        cols = {name: self._take(col.data, ev_rows) for name, col in self.columns.items()} \
             if evicted or self.keep_evicted else {}
         self.last_evicted = (ev_keys, cols)
         if then is not None:
@@ -140,13 +142,11 @@ class BoundedShard(Shard):
         return rows, inserted
 
     def remove(self, keys):
-        kb.forget(self.slots, self.mask, keys, self.mscore)
+        self._bk.forget(self.slots, self.mask, keys, self.mscore)
         return super().remove(keys)
 
     def _init_new(self, rows, keys, inserted, skip=()):
-        ok = rows >= 0
-        if not ok.all():
-            rows, keys, inserted = rows[ok], keys[ok], inserted[ok]
+        """(Rows -1, keys not admitted, are not inserted: the kernels pass them by.)"""
         super()._init_new(rows, keys, inserted, skip=(SCORE, *skip))
 
     def find_or_insert(self, keys, out=None, **kw):
@@ -154,13 +154,35 @@ class BoundedShard(Shard):
             rows, inserted = self._insert(keys, **kw)
             self._init_new(rows, keys, inserted)
             return rows, inserted
-        present = np.empty(keys.shape[0], np.bool_)
+        present = self._new(keys.shape[0], np.bool_)
         rows, inserted = self._insert(keys, present=present, **kw)
         # new rows' values and the output in one pass (not admitted: initial values)
-        kb.init_copy(self.values, rows, keys, inserted, present | inserted, out,
-                     *self.columns["values"].init)
+        self._bk.init_copy(self.values, rows, keys, inserted, present, out,
+                           *self.columns["values"].init)
         self._init_new(rows, keys, inserted, skip=("values",))
         return rows, inserted
+
+
+class BoundedShard(BoundedRows, Shard):
+    """A :class:`numbaemb.shard.Shard` that never holds more than ``limit`` keys."""
+
+    def __init__(self, dim, dtype, init, limit, policy="lru", window=32, init_size=0):
+        self._bounds(limit, policy, window)
+        super().__init__(dim, dtype, init, min(int(init_size), self.limit))
+        self.add_column(SCORE, 1, np.int64, (ZEROS, 0.0, 0.0, 0, np.zeros(1)))
+
+    # ---- arrays on the host (BoundedRows' hooks) --------------------------------------
+    _new = staticmethod(np.empty)
+    _full = staticmethod(np.full)
+    _present = staticmethod(lambda rows, out: np.greater_equal(rows, 0, out=out))
+
+    @staticmethod
+    def _copy(dst, src):
+        dst[...] = src
+
+    @staticmethod
+    def _take(data, rows):
+        return data[rows]
 
     def upsert(self, keys, values, **kw):
         rows, inserted = self._insert(keys, **kw)
