@@ -1,7 +1,9 @@
 """Kernels over one row-aligned column: updates at given rows (policy scores, update
 steps) and whole-index passes that pick keys by a column (expiry, small rows).
 
-``col`` is ``(row_capacity, 1)`` int64; ``rows`` ``(n,)`` int64 (-1 = skip).
+``col`` is ``(row_capacity, 1)`` int64; ``rows`` ``(n,)`` int64 (-1 = skip).  The
+passes' per-slot tests (:func:`stale`, :func:`small`) are the bodies that
+:mod:`jit_kernels.cuda_columns` runs on a GPU.
 """
 import numpy as np
 from numba import njit, prange
@@ -35,8 +37,7 @@ def keys_below(slots, col, threshold, out):
     :mod:`jit_kernels.slots`) into ``out`` (capacity,); returns how many."""
     n = 0
     for s in range(slots.shape[0] // 2):
-        r = slots[2 * s + 1]
-        if r >= 0 and col[r, 0] < threshold:
+        if stale(slots, col, col, col.shape[0], threshold, s):
             out[n] = slots[2 * s]
             n += 1
     return n
@@ -48,13 +49,33 @@ def keys_with_small_rows(slots, values, min_sq, out):
     rows widened, :mod:`jit_kernels.halfs`) into ``out``; returns how many."""
     n = 0
     for s in range(slots.shape[0] // 2):
-        r = slots[2 * s + 1]
-        if r >= 0:
-            sq = 0.0
-            for c in range(values.shape[1]):
-                x = np.float64(load(values[r], c))
-                sq += x * x
-            if sq < min_sq:
-                out[n] = slots[2 * s]
-                n += 1
+        if small(slots, values, values, values.shape[0], min_sq, s):
+            out[n] = slots[2 * s]
+            n += 1
     return n
+
+
+# ---- per-slot bodies (the CPU passes above and jit_kernels.cuda_columns run them) ----
+# A column may be split in two arrays (a CUDA table's hybrid storage): row r is
+# ``col[r]`` below ``split``, else ``spill[r - split]``.
+@njit(nogil=True, cache=True)
+def stale(slots, col, spill, split, threshold, s):
+    """Whether slot ``s`` holds a key whose ``col[row, 0] < threshold``."""
+    r = slots[2 * s + 1]
+    if r < 0:
+        return False
+    return (col[r, 0] if r < split else spill[r - split, 0]) < threshold
+
+
+@njit(nogil=True, cache=True)
+def small(slots, values, spill, split, min_sq, s):
+    """Whether slot ``s`` holds a key whose row's squared L2 norm is below ``min_sq``."""
+    r = slots[2 * s + 1]
+    if r < 0:
+        return False
+    row = values[r] if r < split else spill[r - split]
+    sq = 0.0
+    for c in range(row.shape[0]):
+        x = np.float64(load(row, c))
+        sq += x * x
+    return sq < min_sq

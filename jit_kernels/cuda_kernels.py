@@ -149,7 +149,8 @@ def build(threads):
     @kernel
     def scatter_fill(a, idx, v):
         for i in range(cuda.grid(1), idx.shape[0], cuda.gridsize(1)):
-            a[idx[i]] = v
+            if idx[i] >= 0:
+                a[idx[i]] = v
 
     @kernel
     def cast(src, dst):
@@ -319,7 +320,8 @@ def build(threads):
     @kernel
     def elect_last(rows, last):
         for i in range(cuda.grid(1), rows.shape[0], cuda.gridsize(1)):
-            cuda.atomic.max(last, rows[i], i)
+            if rows[i] >= 0:            # (-1: a key a bounded table did not admit)
+                cuda.atomic.max(last, rows[i], i)
 
     @kernel
     def assign_last(values, spill, split, rows, src, last, log_t):
@@ -327,7 +329,7 @@ def build(threads):
         lane = tid & ((1 << log_t) - 1)
         for i in range(tid >> log_t, rows.shape[0], cuda.gridsize(1) >> log_t):
             r = rows[i]
-            if last[r] == i:
+            if r >= 0 and last[r] == i:
                 copy_row(src[i], values[r] if r < split else spill[r - split], lane, 1 << log_t)
 
     # ---- grouping (accum) -------------------------------------------------------------------
@@ -493,12 +495,14 @@ def build(threads):
             c0 = min(lane * per, grads.shape[1])
             c1 = min(c0 + per, grads.shape[1])
             for i in range(tid >> log_t, rows.shape[0], cuda.gridsize(1) >> log_t):
+                r = rows[i]
+                if r < 0:               # an id a bounded table did not admit: dropped
+                    continue
                 if starts.shape[0] == 0:
                     g = grads[i, c0:c1]
                 else:
                     group_sum(grads, order, starts[i], starts[i + 1], acc[i], c0, c1)
                     g = acc[i, c0:c1]
-                r = rows[i]
                 # the views are made here: a CUDA device function may return only an
                 # argument array, not a view of one
                 rw = w[r, c0:c1] if r < wn else ws[r - wn, c0:c1]
@@ -523,4 +527,8 @@ def build(threads):
         for g in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
             out[g] = keys[order[starts[g]]]
 
+    from .cuda_bounded import add_kernels       # a bounded table's (bounded_*)
+    add_kernels(kernels, cuda, _body, copy_row, init_cols, init_both)
+    from .cuda_columns import add_kernels as add_column_kernels     # column_*
+    add_column_kernels(kernels, cuda, _body)
     return type("Kernels", (), kernels)

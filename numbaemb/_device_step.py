@@ -41,6 +41,7 @@ def apply_on_device(variable, optimizer, ids, grads, step, lr, assume_unique, de
     ``variable``, ``optimizer``, ``step``, ``lr``)."""
     from jit_kernels import cuda_table as k
 
+    from .expiry import mark_updated
     from .optimizers import _add_slot_columns
     if delta:
         raise NotImplementedError("apply_gradients(delta=True) (bp_v2) runs on CPU variables "
@@ -76,7 +77,10 @@ def apply_on_device(variable, optimizer, ids, grads, step, lr, assume_unique, de
         _add_slot_columns(variable, optimizer)
         variable._last_step = step
         with shard.on():
-            rows, _ = shard.find_or_insert(uniq)     # new rows: initial values, slots too
+            # new rows: initial values, slots too (a bounded table: rows -1 for the ids
+            # it does not admit, whose gradients the update kernel drops)
+            rows, _ = shard.find_or_insert(uniq, **variable._bound_kw(None, uniq.shape))
             cols = [shard.values] + [shard.columns[optimizer.column(s)].data if s else
                                      shard.values for s in slots]
             k.update_rows(name, cols, rows, g, order, starts, hyper, flag, sc)
+            mark_updated(shard, rows, step)          # (steps_to_live tables)

@@ -7,7 +7,8 @@ the index, every key not updated in the last N steps; call it when you choose
 (every step, every K steps), between training steps: a key a concurrent step
 updates after the pass read it is still removed.  :func:`prune_small` removes the
 keys whose row's L2 norm is below a threshold.  Removed keys leave with every
-column.
+column.  CPU and CUDA tables alike (:mod:`jit_kernels.cuda_columns` runs the CPU's
+per-slot bodies on the device).
 
 >>> import numpy as np, numbaemb as ne
 >>> v = ne.Variable(dim=1, steps_to_live=2)
@@ -36,11 +37,33 @@ def add_step_column(variable):
             shard.add_column(STEP, 1, np.int64, (ZEROS, 0.0, 0.0, 0, np.zeros(1)))
 
 
+def _on_gpu(shard):
+    return hasattr(shard, "cuda")       # a CudaShard: jit_kernels.cuda_columns' drivers
+
+
 def mark_updated(shard, rows, step):
-    """``updated_step`` of ``rows`` = ``step`` (an optimizer step, caller holds the lock)."""
+    """``updated_step`` of ``rows`` = ``step`` (an optimizer step, caller holds the lock;
+    rows -1 are skipped)."""
     col = shard.columns.get(STEP)
     if col is not None:
-        k.set_rows(col.data, rows, step)
+        if _on_gpu(shard):
+            from jit_kernels import cuda_columns
+            cuda_columns.set_rows(col.data, rows, step)
+        else:
+            k.set_rows(col.data, rows, step)
+
+
+def _pick(shard, name, *args):
+    """The keys (host int64) that ``name`` (a pass of :mod:`jit_kernels.columns`, on the
+    CPU or the shard's GPU) picks from ``shard``'s index, in slot order."""
+    if _on_gpu(shard):
+        from jit_kernels import cuda_columns
+        with shard.on():
+            out = shard.cuda.device_array(shard.capacity, np.int64)
+            n = getattr(cuda_columns, name)(shard.slots, *args, out)
+            return out.copy_to_host()[:n]
+    out = np.empty(shard.capacity, np.int64)
+    return out[:getattr(k, name)(shard.slots, *args, out)]
 
 
 def _remove_picked(variable, pick):
@@ -66,10 +89,8 @@ def expire(variable, step=None):
     step = variable._last_step if step is None else _checks.positive_int(step, "step", 0)
     threshold = step - ttl + 1
 
-    def pick(shard):
-        out = np.empty(shard.capacity, np.int64)
-        return out[:k.keys_below(shard.slots, shard.columns[STEP].data, threshold, out)]
-    return _remove_picked(variable, pick)
+    return _remove_picked(variable, lambda shard: _pick(
+        shard, "keys_below", shard.columns[STEP].data, np.int64(threshold)))
 
 
 def prune_small(variable, min_norm):
@@ -79,7 +100,5 @@ def prune_small(variable, min_norm):
     if not min_norm >= 0.0:
         raise ValueError(f"min_norm must be a number >= 0, got {min_norm}")
 
-    def pick(shard):
-        out = np.empty(shard.capacity, np.int64)
-        return out[:k.keys_with_small_rows(shard.slots, shard.values, min_norm ** 2, out)]
-    return _remove_picked(variable, pick)
+    return _remove_picked(variable, lambda shard: _pick(
+        shard, "keys_with_small_rows", shard.values, min_norm ** 2))

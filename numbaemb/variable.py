@@ -90,14 +90,15 @@ class Variable:
         ``None`` or one rank: this process holds every key.
       max_capacity: None (default: the table grows), or the most keys it may hold: an
         insert into a full table evicts the lowest-scored key of the new key's window
-        (:mod:`numbaemb.bounded`; one shard, CPU, one process).
+        (:mod:`numbaemb.bounded`; one shard, on the CPU or a GPU, where it holds what
+        the CPU one holds after the same calls: :mod:`numbaemb.cuda_bounded`).
       evict: the score of a bounded table: ``"lru"`` (default), ``"lfu"``,
         ``"epoch_lru"``, ``"epoch_lfu"`` (epoch from :meth:`set_epoch`, else the last
         optimizer step) or ``"custom"`` (``scores=`` of ``find_or_insert`` / ``upsert``).
       evict_window: index slots a new key looks at for its victim (default 32).
       steps_to_live: None, or keep per key the optimizer step that last updated it, so
         that :func:`numbaemb.expiry.expire` can drop the keys not updated in that many
-        steps (see :mod:`numbaemb.expiry`; CPU).
+        steps (see :mod:`numbaemb.expiry`; CPU or GPU).
       admit: None, or an admission filter (:mod:`numbaemb.admission`:
         ``CounterFilter(min_count)`` / ``BloomFilter(min_count, capacity, error_rate)``):
         an absent id gets a row only once it has been seen ``min_count`` times.
@@ -156,7 +157,7 @@ class Variable:
         self.device = "cpu" if device_id is None else f"cuda:{device_id}"
         self.max_hbm_bytes = max_hbm_bytes
         self.max_capacity, self.evict, self.evict_window = _bounds(
-            max_capacity, evict, evict_window, self.num_shards, device_id)
+            max_capacity, evict, evict_window, self.num_shards, max_hbm_bytes)
         self._clock, self._epoch, self._last_step = 0, None, 0
         if admit is not None and not (hasattr(admit, "count") and hasattr(admit, "min_count")):
             raise TypeError(f"admit must be None or an admission filter (numbaemb.admission."
@@ -164,7 +165,13 @@ class Variable:
         if admit is not None and device_id is not None:
             raise NotImplementedError("admission filters run on CPU tables so far")
         self.admit = admit
-        if self.max_capacity is not None:
+        if self.max_capacity is not None and device_id is not None:
+            from .cuda_bounded import CudaBoundedShard
+            self._arrays = DeviceArrays(device_id)
+            self.shards = [CudaBoundedShard(self.dim, self._store, params, self.max_capacity,
+                                            self.evict, self.evict_window, init_size,
+                                            device_id)]
+        elif self.max_capacity is not None:
             from .bounded import BoundedShard
             self._arrays = HostArrays()
             self.shards = [BoundedShard(self.dim, self._store, params, self.max_capacity,
@@ -183,8 +190,6 @@ class Variable:
         self.steps_to_live = None if steps_to_live is None else _checks.positive_int(
             steps_to_live, "steps_to_live")
         if self.steps_to_live is not None:
-            if device_id is not None:
-                raise NotImplementedError("steps_to_live runs on CPU tables so far")
             from .expiry import add_step_column
             add_step_column(self)
 
@@ -444,11 +449,16 @@ class Variable:
             rows, inserted = shard.find_or_insert(flat, out=out, evicted=bool(return_evicted),
                                                   **kw)
             ev_keys, ev_cols = shard.last_evicted
+        a = self._arrays
         result = [self._shown(out).reshape(keys.shape + (self.dim,))]
         if return_exists:
-            result.append(((rows >= 0) & ~inserted).reshape(keys.shape))
+            exists = (a.host(rows) >= 0) & ~a.host(inserted)
+            if a.device_id is not None:         # back to the device, as the rows are
+                with a.on():
+                    exists = a.cuda.to_device(exists)
+            result.append(exists.reshape(keys.shape))
         if return_evicted:
-            ev_keys = ev_keys.astype(self._id_dtype)
+            ev_keys = a.concat([ev_keys], self._id_dtype)
             if return_evicted == "columns":
                 cols = dict(ev_cols, values=self._shown(ev_cols["values"]))
                 result += [ev_keys, cols]
@@ -466,6 +476,9 @@ class Variable:
         new = self._operands(new_values, keys.shape, "new_values")
         ex = self._arrays.exists(exists, keys.shape)
         take = self._arrays.take
+        if self.max_capacity is not None and self.device != "cpu":
+            raise NotImplementedError("accum on a bounded CUDA table (max_capacity, "
+                                      "device='cuda') is not implemented: use a CPU table")
         with self._lock.write():
             kw = self._bound_kw(None, keys.shape)          # a bounded table's clock tick
             for shard, pos, k in self._parts(keys, flat):
@@ -554,7 +567,7 @@ def get_variable(name, dim, **kwargs) -> Variable:
     return old
 
 
-def _bounds(max_capacity, evict, window, num_shards, device_id):
+def _bounds(max_capacity, evict, window, num_shards, max_hbm_bytes):
     """Checked ``(max_capacity, evict, window)`` of a bounded table (None, ... if not)."""
     from .bounded import POLICIES
     if evict not in POLICIES:
@@ -566,6 +579,8 @@ def _bounds(max_capacity, evict, window, num_shards, device_id):
     if num_shards != 1:
         raise ValueError(f"a bounded table (max_capacity) has one shard (its kernels run in "
                          f"parallel within it), got num_shards={num_shards}")
-    if device_id is not None:
-        raise NotImplementedError("bounded tables (max_capacity) run on the CPU so far")
+    if max_hbm_bytes is not None:
+        raise NotImplementedError("a bounded table (max_capacity) keeps its rows in device "
+                                  "memory: max_hbm_bytes (hybrid storage) is not supported "
+                                  "with it yet")
     return max_capacity, evict, window

@@ -99,6 +99,28 @@ def workload():
             O.apply_gradients(t, rule, uniq, grads[:3], step=2, assume_unique=True)
             O.slot_values(t, rule, rule.slots()[0][0], uniq)
     O.apply_gradients(t, rules[-1], uniq, grads, step=3, inverse=np.array([0, 0, 1, 2]))
+    # a bounded table: the serial pass, ranges into the full table (their thresholds
+    # lowered: the simulator is slow), custom scores, a step with ids not admitted, a reload
+    from jit_kernels import bounded as kb
+    kb.RANGES_MIN, kb.RANGE_SLOTS = 16, 64
+    for policy in ("lfu", "custom"):
+        b = ne.Variable(3, device="cuda", max_capacity=100, evict=policy, evict_window=1)
+        sc = (lambda n: np.arange(n)) if policy == "custom" else (lambda n: None)
+        b.find_or_insert(np.arange(120), return_exists=True, return_evicted=True,
+                         scores=sc(120))
+        b.find_or_insert(np.arange(5000, 5050), return_evicted="columns", scores=sc(50))
+        b.upsert(keys, np.ones((keys.size, 3), np.float32), scores=sc(keys.size))
+    O.apply_gradients(b, rules[2], ids, grads, step=1)
+    b.remove(np.arange(10))
+    for hbm in (None, 40):      # steps_to_live: the step marks rows; expiry, small rows
+        e = ne.Variable(2, device="cuda", steps_to_live=1, max_hbm_bytes=hbm)
+        O.apply_gradients(e, rules[0], ids, np.ones((4, 2), np.float32), step=1)
+        O.apply_gradients(e, rules[0], ids[:1], np.ones((1, 2), np.float32), step=3)
+        ne.expiry.expire(e)
+        ne.expiry.prune_small(e, 1.0)
+    with tempfile.TemporaryDirectory() as d:
+        b.save(f"{d}/b.nbe")
+        ne.Variable.load(f"{d}/b.nbe", device="cuda").find_or_insert(np.arange(3))
 
 
 def main(out):

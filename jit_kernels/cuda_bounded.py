@@ -1,0 +1,257 @@
+"""CUDA drivers of a bounded table's kernels: :mod:`jit_kernels.bounded` on the GPU.
+
+Same names, arguments and results as :mod:`jit_kernels.bounded` (Numba device
+arrays where it takes numpy arrays), and the same bodies: the per-key bodies
+(``present_one``, ``restore_one``, ``sync_one``, ``forget_one``) run one thread a
+key, and the evicting pass (``_pass``) runs as it does on the CPU, one thread a
+sequence of positions:
+
+* :func:`bounded_insert`: one thread runs the whole call in batch order;
+* :func:`bounded_insert_ranges` (a full table): one thread a range of the index,
+  then one thread the positions the ranges deferred, exactly as the CPU's
+  ``prange`` over ranges does; the result depends on the table and the call
+  only, so a CUDA bounded table holds the very keys, rows and scores of a CPU
+  one given the same calls (``tests/numbaemb/test_cuda_bounded.py`` checks it).
+
+The passes are serial by design (each key's victim depends on the keys placed
+before it): a GPU runs up to ``ranges_for(capacity, window)`` threads (1024 at
+most) where an unbounded insert runs a thread a key.  Nothing here imports
+``numba.cuda`` until a driver is first called.
+
+Example (needs a GPU or the simulator, so not a doctest)::
+
+    n_ev, made = bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark,
+                                       batch, rows, where, inserted, ranges_for(cap, 32),
+                                       limit, 32, LRU, 0, clock, True, ev_keys, ev_rows,
+                                       deferred)
+"""
+import numpy as np
+
+from . import bounded as kb
+from . import cuda_table as ct
+from .slots import first_slot
+
+__all__ = ["find_present", "forget", "restore_scores", "sync_meta", "bounded_insert",
+           "bounded_insert_ranges", "init_copy", "rehash_serial", "ranges_for", "nonneg"]
+
+ranges_for = kb.ranges_for
+cuda = None      # numba.cuda, bound by add_kernels (a global: the simulator swaps it)
+
+
+def add_kernels(kernels, cuda_module, body, copy_row, init_cols, init_both):
+    """Add the bounded kernels (``bounded_*``) to ``kernels`` (called by
+    :func:`jit_kernels.cuda_kernels.build`, which passes its row helpers)."""
+    global cuda
+    cuda = cuda_module
+    jit = cuda.jit
+    present_one, forget_one = body(kb.present_one), body(kb.forget_one)
+    restore_one, sync_one = body(kb.restore_one), body(kb.sync_one)
+    run_pass, home_of = body(kb._pass), body(first_slot)
+    held_n, spec_n = kb.DEFER_KEYS, 2 * kb.AHEAD
+
+    def kernel(fn):
+        kernels["bounded_" + fn.__name__] = jit(fn)
+
+    @kernel
+    def present(slots, mask, keys, rows, where, mscore, mark, batch):
+        for i in range(cuda.grid(1), keys.shape[0], cuda.gridsize(1)):
+            present_one(slots, mask, keys, rows, where, mscore, mark, batch, i)
+
+    @kernel
+    def forget(slots, mask, keys, mscore):
+        for i in range(cuda.grid(1), keys.shape[0], cuda.gridsize(1)):
+            forget_one(slots, mask, keys, mscore, i)
+
+    @kernel
+    def restore(slots, mask, keys, where, scores, mscore):
+        for i in range(cuda.grid(1), where.shape[0], cuda.gridsize(1)):
+            restore_one(slots, mask, keys, where, scores, mscore, i)
+
+    @kernel
+    def sync(slots, scores, mscore, mark):
+        for s in range(cuda.grid(1), mscore.shape[0], cuda.gridsize(1)):
+            sync_one(slots, scores, mscore, mark, s)
+
+    @kernel
+    def passes(idx, starts, span, slots, mask, keys, given, scores, mscore, mark, batch, rows,
+               where, inserted, free_rows, n_free, fresh_start, size, limit, window, policy,
+               epoch, clock, keep, ev_keys, ev_rows, ev_pos, e_base, deferred, out):
+        """Thread g: ``_pass`` over ``idx[starts[g]:starts[g + 1]]``; ``span > 0``: the
+        g-th range of ``span`` slots (evictions from ``e_base + starts[g]``)."""
+        g = cuda.grid(1)
+        if g < starts.shape[0] - 1:
+            held = cuda.local.array(held_n, np.int64)
+            spec = cuda.local.array(spec_n, np.int64)
+            hi = (g + 1) * span if span > 0 else -1
+            r = run_pass(idx, starts[g], starts[g + 1], slots, mask, keys, given, scores,
+                         mscore, mark, batch, rows, where, inserted, free_rows, n_free,
+                         fresh_start, size, limit, window, policy, epoch, clock, keep, hi,
+                         ev_keys, ev_rows, ev_pos, e_base + starts[g], deferred, held, spec)
+            out[g, 0], out[g, 1], out[g, 2], out[g, 3], out[g, 4] = r
+
+    @kernel
+    def homes(keys, rows, where, mask, span, home):
+        """The range of each position: its slot (present), else its home slot."""
+        for i in range(cuda.grid(1), keys.shape[0], cuda.gridsize(1)):
+            home[i] = (where[i] if rows[i] >= 0 else home_of(keys[i], mask)) // span
+
+    @kernel
+    def nonneg(a, out):
+        for i in range(cuda.grid(1), a.shape[0], cuda.gridsize(1)):
+            out[i] = a[i] >= 0
+
+    @kernel
+    def iota(a):
+        for i in range(cuda.grid(1), a.shape[0], cuda.gridsize(1)):
+            a[i] = i
+
+    @kernel
+    def to_ranges(order, keys, given, rows, where, k2, g2, r2, w2, late2):
+        for t in range(cuda.grid(1), order.shape[0], cuda.gridsize(1)):
+            i = order[t]
+            k2[t], g2[t], r2[t], w2[t], late2[t] = keys[i], given[i], rows[i], where[i], False
+
+    @kernel
+    def from_ranges(order, r2, w2, new2, late2, rows, where, inserted, deferred, late_pos):
+        for t in range(cuda.grid(1), order.shape[0], cuda.gridsize(1)):
+            i = order[t]
+            rows[i], where[i], inserted[i], deferred[i] = r2[t], w2[t], new2[t], late2[t]
+            late_pos[i] = i if late2[t] else -1
+
+    @kernel
+    def eviction_at(ep, starts, counts, order, at):
+        """``at[position] = e`` for the evictions of group g (``ep[e]``: the evicting
+        position, through ``order`` when it is given, i.e. non-empty)."""
+        g = cuda.grid(1)
+        if g < starts.shape[0] - 1:
+            for e in range(starts[g], starts[g] + counts[g, 1]):
+                at[order[ep[e]] if order.shape[0] else ep[e]] = e
+
+    @kernel
+    def take_evicted(sel, ek, er, ev_keys, ev_rows):
+        for j in range(cuda.grid(1), sel.shape[0], cuda.gridsize(1)):
+            ev_keys[j], ev_rows[j] = ek[sel[j]], er[sel[j]]
+
+    @kernel
+    def init_copy(values, rows, keys, inserted, present, out, kind, a, b, seed, const, log_t):
+        tid = cuda.grid(1)
+        lane, lanes = tid & ((1 << log_t) - 1), 1 << log_t
+        for i in range(tid >> log_t, keys.shape[0], cuda.gridsize(1) >> log_t):
+            r = rows[i]
+            if inserted[i]:
+                init_both(values[r], out[i], keys[i], kind, a, b, seed, const, lane, lanes)
+            elif present[i]:
+                copy_row(values[r], out[i], lane, lanes)
+            else:
+                init_cols(out[i], keys[i], kind, a, b, seed, const, lane, lanes)
+
+
+# ---- drivers (the names and arguments of jit_kernels.bounded) -----------------------------
+def _k():
+    return ct._kernels()
+
+
+def find_present(slots, mask, keys, rows, where, mscore, mark, batch):
+    ct._go(_k().bounded_present, keys.shape[0], slots, mask, keys, rows, where, mscore, mark,
+           batch)
+
+
+def forget(slots, mask, keys, mscore):
+    ct._go(_k().bounded_forget, keys.shape[0], slots, mask, keys, mscore)
+
+
+def restore_scores(slots, mask, keys, where, scores, mscore):
+    ct._go(_k().bounded_restore, where.shape[0], slots, mask, keys, where, scores, mscore)
+
+
+def sync_meta(slots, scores, mscore, mark):
+    ct._go(_k().bounded_sync, mscore.shape[0], slots, scores, mscore, mark)
+
+
+def nonneg(a, out):
+    """``out[i] = a[i] >= 0`` (which keys were present: their rows)."""
+    ct._go(_k().bounded_nonneg, a.shape[0], a, out)
+
+
+def rehash_serial(old_slots, new_slots, new_mask):
+    """The rehash kernel on one thread: keys placed in slot order, as the CPU's serial
+    rehash places them (a bounded table's layout decides its evictions)."""
+    _k().rehash[1, 1](old_slots, new_slots, new_mask)
+
+
+def _run(idx, starts, span, call, e_base, ev, deferred):
+    """Launch ``passes``: a thread per group of ``starts``; its per-group results (g, 5)
+    on the host and on the device."""
+    cuda = ct.cuda
+    g = starts.shape[0] - 1
+    out = cuda.device_array((max(g, 1), 5), np.int64)
+    blocks, threads = -(-g // ct._Launch.threads), ct._Launch.threads
+    _k().bounded_passes[max(blocks, 1), threads](idx, starts, span, *call, *ev, e_base,
+                                                 deferred, out)
+    return out[:g].copy_to_host(), out
+
+
+def _iota(n):
+    a = ct.cuda.device_array(max(n, 1), np.int64)[:n]
+    ct._go(_k().bounded_iota, n, a)
+    return a
+
+
+def bounded_insert(slots, mask, keys, given, scores, mscore, mark, batch, rows, where,
+                   inserted, free_rows, n_free, fresh_start, size, limit, window, policy,
+                   epoch, clock, keep, ev_keys, ev_rows):
+    """See :func:`jit_kernels.bounded.bounded_insert` (one GPU thread, batch order)."""
+    cuda = ct.cuda
+    n = keys.shape[0]
+    call = (slots, mask, keys, given, scores, mscore, mark, batch, rows, where, inserted,
+            free_rows, n_free, fresh_start, size, limit, window, policy, epoch, clock, keep)
+    ev = (ev_keys, ev_rows, cuda.device_array(max(n, 1), np.int64))
+    res, _ = _run(_iota(n), cuda.to_device(np.array([0, n], np.int64)), 0, call, 0, ev,
+                  cuda.device_array(1, np.bool_))
+    taken, n_ev, d_deleted, size, _ = (int(x) for x in res[0])
+    return taken, n_ev, d_deleted, size
+
+
+def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch, rows, where,
+                          inserted, n_ranges, limit, window, policy, epoch, clock, keep,
+                          ev_keys, ev_rows, deferred):
+    """See :func:`jit_kernels.bounded.bounded_insert_ranges` (a thread a range, then one
+    thread the deferred positions)."""
+    cuda, K = ct.cuda, _k()
+    n = keys.shape[0]
+    span = (mask + 1) // n_ranges
+    home = cuda.device_array(n, np.int64)
+    ct._go(K.bounded_homes, n, keys, rows, where, mask, span, home)
+    order, starts = ct.group_positions(home, n_ranges)
+    k2, g2, r2, w2 = (cuda.device_array(n, np.int64) for _ in range(4))
+    new2, late2 = cuda.device_array(n, np.bool_), cuda.device_array(n, np.bool_)
+    ct._go(K.bounded_to_ranges, n, order, keys, given, rows, where, k2, g2, r2, w2, late2)
+    ek, er, ep = (cuda.device_array(2 * n, np.int64) for _ in range(3))
+    no_rows = cuda.device_array(1, np.int64)
+    call = (slots, mask, k2, g2, scores, mscore, mark, batch, r2, w2, new2, no_rows, 0, 0,
+            limit, limit, window, policy, epoch, clock, keep)
+    res, counts = _run(_iota(n), starts, span, call, 0, (ek, er, ep), late2)
+    late_pos = cuda.device_array(n, np.int64)
+    ct._go(K.bounded_from_ranges, n, order, r2, w2, new2, late2, rows, where, inserted,
+           deferred, late_pos)
+    late = cuda.device_array(max(n, 1), np.int64)
+    m = ct.compact_nonneg(late_pos, late)
+    call = (slots, mask, keys, given, scores, mscore, mark, batch, rows, where, inserted,
+            no_rows, 0, 0, limit, limit, window, policy, epoch, clock, keep)
+    res2, counts2 = _run(late[:m], cuda.to_device(np.array([0, m], np.int64)), 0, call, n,
+                         (ek, er, ep), deferred)
+    at = ct.filled(n, -1, np.int64)
+    K.bounded_eviction_at[max(1, -(-n_ranges // ct._Launch.threads)), ct._Launch.threads](
+        ep, starts, counts, order, at)
+    K.bounded_eviction_at[1, 1](ep, cuda.to_device(np.array([n, n], np.int64)), counts2,
+                                cuda.device_array(0, np.int64), at)
+    sel = cuda.device_array(max(n, 1), np.int64)
+    c = ct.compact_nonneg(at, sel)
+    ct._go(K.bounded_take_evicted, c, sel[:c], ek, er, ev_keys, ev_rows)
+    return c, int(res[:, 2].sum() + res2[0, 2])
+
+
+def init_copy(values, rows, keys, inserted, present, out, kind, a, b, seed, const):
+    """See :func:`jit_kernels.bounded.init_copy` (``values`` a device array, not split)."""
+    ct._rows(_k().bounded_init_copy, keys.shape[0], out.shape[1], values, rows, keys,
+             inserted, present, out, kind, a, b, seed, const)

@@ -1,0 +1,85 @@
+"""Bounded shards on a CUDA device: :class:`numbaemb.bounded.BoundedRows` over a
+:class:`numbaemb.cuda_shard.CudaShard`, driven by :mod:`jit_kernels.cuda_bounded`.
+
+``Variable(dim, device="cuda", max_capacity=N, evict=...)`` builds one.  The index,
+the columns (the score column too), ``mscore`` and ``mark`` live in device memory,
+and every kernel runs the CPU's body, so a CUDA bounded table holds the keys, rows,
+scores and values that a CPU one holds after the same calls.  ``last_evicted``
+holds device arrays.  Speed: a call's evicting pass runs on one GPU thread per range
+of the index once the table is full (``bounded_insert_ranges``), and on one thread
+while it fills or for calls under ``RANGES_MIN`` keys: a table filled from empty by
+large batches is slow there (unmeasured: no GPU yet).  Not here (yet): hybrid storage (``max_hbm_bytes``) and
+``accum``.
+
+Example (needs a GPU or the simulator, so not a doctest)::
+
+    v = ne.Variable(4, device="cuda", max_capacity=1000, evict="lfu")
+    out, ev_keys, ev_values = v.find_or_insert(keys, return_evicted=True)
+"""
+import numpy as np
+
+from jit_kernels import cuda_bounded as kbc
+from jit_kernels import cuda_table as k
+from jit_kernels.initializers import ZEROS
+
+from .bounded import SCORE, BoundedRows
+from .cuda_shard import CudaShard
+
+__all__ = ["CudaBoundedShard"]
+
+
+class CudaBoundedShard(BoundedRows, CudaShard):
+    """A :class:`CudaShard` that never holds more than ``limit`` keys."""
+
+    _bk = kbc
+
+    def __init__(self, dim, dtype, init, limit, policy="lru", window=32, init_size=0,
+                 device=0):
+        self._bounds(limit, policy, window)
+        super().__init__(dim, dtype, init, min(int(init_size), self.limit), device)
+        self.add_column(SCORE, 1, np.int64, (ZEROS, 0.0, 0.0, 0, np.zeros(1)))
+
+    # ---- arrays on the device (BoundedRows' hooks) ------------------------------------
+    @staticmethod
+    def _full(n, value, dtype):
+        return k.filled(n, value, dtype)
+
+    _present = staticmethod(kbc.nonneg)
+
+    @staticmethod
+    def _copy(dst, src):
+        if dst.shape[0]:
+            dst.copy_to_device(src)
+
+    def _take(self, data, rows):
+        out = self.cuda.device_array((max(rows.shape[0], 1), data.shape[1]), data.dtype)
+        out = out[:rows.shape[0]]
+        if rows.shape[0]:
+            k.gather(data, rows, out)
+        return out
+
+    # ---- operations (on this shard's GPU) -------------------------------------------
+    def _insert(self, keys, then=None, scores=None, **kw):
+        if scores is not None and not hasattr(scores, "copy_to_host"):
+            scores = self.to_device(np.asarray(scores, np.int64))
+        return super()._insert(keys, then, scores, **kw)
+
+    def find_or_insert(self, keys, out=None, **kw):
+        with self.on():
+            return BoundedRows.find_or_insert(self, keys, out, **kw)
+
+    def upsert(self, keys, values, **kw):
+        """Assign ``values`` (n, dim) to the admitted keys; the last one wins."""
+        with self.on():
+            rows, inserted = self._insert(keys, **kw)
+            self._init_new(rows, keys, inserted, skip=("values",))
+            k.assign_rows(self.values, rows, values, scratch=self._scratch)   # (-1: passed by)
+            return rows
+
+    def remove(self, keys):
+        with self.on():
+            return BoundedRows.remove(self, keys)
+
+    def accum(self, keys, old, new, exists, **kw):
+        raise NotImplementedError("accum on a bounded CUDA table (max_capacity, "
+                                  "device='cuda') is not implemented: use a CPU table")

@@ -1,0 +1,147 @@
+"""``Variable(device="cuda", max_capacity=...)`` against the same CPU table.
+
+Every bounded kernel runs the CPU's body (``jit_kernels.cuda_bounded``), so after
+the same calls a CUDA bounded table must hold the CPU one's index, scores, values
+and optimizer slots bit for bit, and report the same evictions.  GPU or simulator
+(small batches: the simulator runs a Python thread per CUDA thread).
+"""
+import numpy as np
+import pytest
+
+import numbaemb as ne
+from jit_kernels import bounded as kb
+from numbaemb import initializers as I
+from numbaemb import optimizers as O
+from tests.cuda_support import needs_cuda
+
+pytestmark = [pytest.mark.cuda, needs_cuda]
+EXTREMES = [-2**63, 2**63 - 1, -1, 0]
+
+
+def host(a):
+    return a if isinstance(a, np.ndarray) else a.copy_to_host()
+
+
+def pair(**kw):
+    kw = dict(dim=3, initializer=I.RandomNormal(0.0, 1.0), seed=5, **kw)
+    return ne.Variable(device="cuda", **kw), ne.Variable(**kw)
+
+
+def same_state(gpu, cpu):
+    g, c = gpu.shards[0], cpu.shards[0]
+    for name in ("slots", "mscore", "mark", "free_rows"):
+        np.testing.assert_array_equal(host(getattr(g, name)), getattr(c, name), err_msg=name)
+    assert (g.n_full, g.n_deleted, g.fresh) == (c.n_full, c.n_deleted, c.fresh)
+    for name, col in c.columns.items():
+        n = c.fresh
+        np.testing.assert_array_equal(host(g.columns[name].data)[:n], col.data[:n],
+                                      err_msg=name)
+    assert gpu.size() == cpu.size() <= cpu.max_capacity
+
+
+@pytest.mark.parametrize("policy", sorted(kb.POLICIES))
+def test_same_calls_same_table_as_the_cpu(policy):
+    gpu, cpu = pair(max_capacity=40, evict=policy, evict_window=8)
+    rng = np.random.default_rng(len(policy))
+    evicted = 0
+    for step in range(8):
+        if policy.startswith("epoch") and step == 4:
+            gpu.set_epoch(3)
+            cpu.set_epoch(3)
+        keys = np.concatenate([EXTREMES, rng.integers(-40, 60, 26)]).astype(np.int64)
+        rng.shuffle(keys)
+        sc = rng.integers(0, 50, keys.shape[0]) if policy == "custom" else None
+        want = cpu.find_or_insert(keys, return_exists=True, return_evicted=True, scores=sc)
+        got = gpu.find_or_insert(keys, return_exists=True, return_evicted=True, scores=sc)
+        for name, a, b in zip(("values", "exists", "evicted keys", "evicted values"), got, want):
+            np.testing.assert_array_equal(host(a), b, err_msg=f"step {step}: {name}")
+        evicted += want[2].shape[0]
+        vals = rng.standard_normal((6, 3)).astype(np.float32)
+        part = None if sc is None else sc[:6]
+        gpu.upsert(keys[:6], vals, scores=part)
+        cpu.upsert(keys[:6], vals, scores=part)
+        if step % 3 == 2:
+            assert gpu.remove(keys[6:12]) is None and cpu.remove(keys[6:12]) is None
+        same_state(gpu, cpu)
+    np.testing.assert_array_equal(host(gpu.lookup(keys)), cpu.lookup(keys))
+    assert evicted > 10
+
+
+@pytest.mark.parametrize("rule", [O.Adam(0.1), O.Ftrl(0.1)], ids=["adam", "ftrl"])
+def test_optimizer_steps_on_the_device_match_the_cpu(rule):
+    """Steps on more ids than fit: evictions take the slots with them; ids the LFU
+    table does not admit drop their gradients (rows -1 in the device's update)."""
+    gpu, cpu = pair(max_capacity=24, evict="lfu", evict_window=4)
+    rng = np.random.default_rng(1)
+    for step in range(1, 7):
+        ids = np.concatenate([EXTREMES, rng.integers(-30, 30, 20)]).astype(np.int64)
+        grads = rng.standard_normal((ids.shape[0], 3)).astype(np.float32)
+        O.apply_gradients(gpu, rule, ids, grads, step=step)
+        O.apply_gradients(cpu, rule, ids, grads, step=step)
+        same_state(gpu, cpu)
+    keys = host(gpu.export()[0])
+    np.testing.assert_array_equal(host(gpu.lookup(keys)), cpu.lookup(keys))
+    ev = gpu.find_or_insert(np.arange(100, 140), return_evicted="columns")[1:]
+    want = cpu.find_or_insert(np.arange(100, 140), return_evicted="columns")[1:]
+    np.testing.assert_array_equal(host(ev[0]), want[0])
+    assert set(ev[1]) == set(want[1]) and len(want[1]) == 2 + len(rule.slots())
+    for name, col in want[1].items():
+        np.testing.assert_array_equal(host(ev[1][name]), col, err_msg=name)
+
+
+def test_a_full_table_runs_its_ranges_as_the_cpu_does(monkeypatch):
+    """Batches into a full table cut into ranges (thresholds lowered: the simulator's
+    block-wide scans take seconds a launch on 2,000 positions)."""
+    monkeypatch.setattr(kb, "RANGES_MIN", 64)
+    monkeypatch.setattr(kb, "RANGE_SLOTS", 64)
+    gpu, cpu = pair(max_capacity=250, evict="lru", evict_window=2)
+    assert kb.ranges_for(cpu.shards[0].capacity, 2) == 4
+    rng = np.random.default_rng(2)
+    fill = rng.integers(-2**40, 2**40, 300)
+    gpu.find_or_insert(fill)
+    cpu.find_or_insert(fill)
+    for _ in range(2):
+        keys = np.concatenate([EXTREMES, rng.integers(-2**40, 2**40, 100), fill[:40]])
+        want = cpu.find_or_insert(keys, return_evicted=True)
+        got = gpu.find_or_insert(keys, return_evicted=True)
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(host(a), b)
+    same_state(gpu, cpu)
+    assert cpu.size() == 250
+
+
+def test_checkpoint_loads_onto_the_gpu_as_onto_the_cpu(tmp_path):
+    """A saved CUDA bounded table loads onto a GPU and onto the CPU with one layout,
+    scores and clocks: both then evict alike."""
+    gpu, _ = pair(max_capacity=30, evict="lfu", evict_window=4)
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        gpu.find_or_insert(rng.integers(-50, 50, 40))
+    gpu.save(str(tmp_path / "t.nbe"))
+    on_gpu = ne.Variable.load(str(tmp_path / "t.nbe"), device="cuda")
+    on_cpu = ne.Variable.load(str(tmp_path / "t.nbe"), device="cpu")
+    assert on_gpu.device == gpu.device and on_cpu.device == "cpu"
+    assert on_gpu.max_capacity == on_cpu.max_capacity == 30 and on_gpu.evict == "lfu"
+    assert on_gpu._clock == on_cpu._clock == gpu._clock
+    same_state(on_gpu, on_cpu)
+    keys = rng.integers(-80, 80, 40)
+    want = on_cpu.find_or_insert(keys, return_evicted=True)
+    got = on_gpu.find_or_insert(keys, return_evicted=True)
+    assert want[1].shape[0] > 0
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(host(a), b)
+    same_state(on_gpu, on_cpu)
+
+
+def test_what_a_cuda_bounded_table_refuses():
+    with pytest.raises(NotImplementedError, match="max_hbm_bytes"):
+        ne.Variable(2, device="cuda", max_capacity=8, max_hbm_bytes=1 << 20)
+    v = ne.Variable(2, device="cuda", max_capacity=8)
+    v.find_or_insert(np.arange(4))
+    clock = v._clock
+    with pytest.raises(NotImplementedError, match="accum"):
+        v.accum(np.arange(4), np.zeros((4, 2)), np.ones((4, 2)), np.ones(4, bool))
+    assert v._clock == clock and v.size() == 4
+    with pytest.raises(ValueError, match="evict='custom'"):
+        v.find_or_insert(np.arange(2), scores=np.arange(2))
+    assert v._clock == clock
