@@ -105,8 +105,8 @@ def test_sync_and_forget_match_the_cpu(kbc):
     kbc.sync_meta(cuda.to_device(table.slots), cuda.to_device(table.scores), d_ms, d_mark)
     np.testing.assert_array_equal(d_ms.copy_to_host(), mscore)
     np.testing.assert_array_equal(d_mark.copy_to_host(), mark)
-    keys = np.concatenate([table.slots[0::2][table.slots[1::2] >= 0][:7], [INT_MIN := -2**63]])
+    keys = np.concatenate([table.slots[0::2][table.slots[1::2] >= 0][:7], [-2**63]])
     kb.forget(table.slots, CAP - 1, keys, mscore)
     kbc.forget(cuda.to_device(table.slots), CAP - 1, cuda.to_device(keys), d_ms)
     np.testing.assert_array_equal(d_ms.copy_to_host(), mscore)
-    assert (mscore == kb.MAX).sum() >= 7 and INT_MIN < 0
+    assert (mscore == kb.MAX).sum() >= 7
