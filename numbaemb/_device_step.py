@@ -41,6 +41,7 @@ def apply_on_device(variable, optimizer, ids, grads, step, lr, assume_unique, de
     ``variable``, ``optimizer``, ``step``, ``lr``)."""
     from jit_kernels import cuda_table as k
 
+    from .admission import admitted
     from .expiry import mark_updated
     from .optimizers import _add_slot_columns
     if delta:
@@ -74,12 +75,19 @@ def apply_on_device(variable, optimizer, ids, grads, step, lr, assume_unique, de
     variable._check_room(uniq)
     name, slots, hyper, flag = optimizer._rule(lr, step, dtype)
     with variable._lock.write():
+        ok = admitted(variable, uniq, uniq)         # ids an admission filter holds back
         _add_slot_columns(variable, optimizer)
         variable._last_step = step
         with shard.on():
-            # new rows: initial values, slots too (a bounded table: rows -1 for the ids
-            # it does not admit, whose gradients the update kernel drops)
-            rows, _ = shard.find_or_insert(uniq, **variable._bound_kw(None, uniq.shape))
+            # new rows: initial values, slots too; rows -1 for the ids not admitted (by
+            # the filter, or a bounded table), whose gradients the update kernel drops
+            kw = variable._bound_kw(None, uniq.shape)
+            if ok is None:
+                rows, _ = shard.find_or_insert(uniq, **kw)
+            else:
+                pos = a.positions(np.flatnonzero(ok))
+                rows = k.filled(uniq.shape[0], -1, np.int64)
+                a.put(rows, pos, shard.find_or_insert(a.take(uniq, pos), **kw)[0])
             cols = [shard.values] + [shard.columns[optimizer.column(s)].data if s else
                                      shard.values for s in slots]
             k.update_rows(name, cols, rows, g, order, starts, hyper, flag, sc)

@@ -132,18 +132,19 @@ def admitted(variable, keys, flat):
     f = getattr(variable, "admit", None)
     if f is None or not flat.shape[0]:
         return None
-    present = np.zeros(flat.shape[0], np.bool_)
+    host = variable._arrays.host          # (a GPU table's keys and rows: to the host,
+    present = np.zeros(flat.shape[0], np.bool_)     # where the filter counts)
     for shard, pos, k in variable._parts(keys, flat):
-        found = shard.find_rows(k) >= 0
+        found = host(shard.find_rows(k)) >= 0
         if pos is None:
             present[:] = found
         else:
-            present[pos] = found
+            present[host(pos)] = found
     absent = np.flatnonzero(~present)
     if not absent.shape[0]:
         return None
     ok = present
-    ok[absent] = f.count(flat[absent]) >= f.min_count
+    ok[absent] = f.count(host(flat)[absent]) >= f.min_count
     return None if ok.all() else ok
 
 

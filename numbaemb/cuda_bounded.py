@@ -9,7 +9,7 @@ holds device arrays.  Speed: a call's evicting pass runs on one GPU thread per r
 of the index once the table is full (``bounded_insert_ranges``), and on one thread
 while it fills or for calls under ``RANGES_MIN`` keys: a table filled from empty by
 large batches is slow there (unmeasured: no GPU yet).  Not here (yet): hybrid storage (``max_hbm_bytes``) and
-``accum``.
+``accum``; admission filters and ``steps_to_live`` work as on any CUDA table.
 
 Example (needs a GPU or the simulator, so not a doctest)::
 

@@ -162,8 +162,6 @@ class Variable:
         if admit is not None and not (hasattr(admit, "count") and hasattr(admit, "min_count")):
             raise TypeError(f"admit must be None or an admission filter (numbaemb.admission."
                             f"CounterFilter / BloomFilter), got {type(admit).__name__}")
-        if admit is not None and device_id is not None:
-            raise NotImplementedError("admission filters run on CPU tables so far")
         self.admit = admit
         if self.max_capacity is not None and device_id is not None:
             from .cuda_bounded import CudaBoundedShard
@@ -383,7 +381,10 @@ class Variable:
         with self._lock.write():
             ok = admitted(self, keys, flat)
             if ok is not None:                  # ids the filter does not admit yet: dropped
-                keys, flat, values = flat[ok], flat[ok], values[ok]
+                a = self._arrays
+                pos = a.positions(np.flatnonzero(ok))
+                keys = flat = a.take(flat, pos)
+                values = a.take(values, pos)
                 scores = None if scores is None else np.asarray(scores).reshape(-1)[ok]
             kw = self._bound_kw(scores, keys.shape)
             for shard, pos, k in self._parts(keys, flat):
@@ -392,14 +393,19 @@ class Variable:
     def _filtered_find_or_insert(self, keys, flat, ok, return_exists, return_evicted, scores):
         """``find_or_insert`` where only the positions ``ok`` may insert (an admission
         filter's verdict); the others read their initial values and are absent."""
+        a = self._arrays
+        flat = a.host(flat)         # (a GPU table: put together on the host, then moved)
         sub = self.find_or_insert(
             flat[ok], return_exists=True, return_evicted=return_evicted, _admitted_call=True,
             scores=None if scores is None else np.asarray(scores).reshape(-1)[ok])
-        rest, _ = self.lookup(flat[~ok], return_exists=True)
+        rest = a.host(self.lookup(flat[~ok]))
         out = np.empty((flat.shape[0], self.dim), rest.dtype)
-        out[ok], out[~ok] = sub[0], rest
+        out[ok], out[~ok] = a.host(sub[0]), rest
         exists = np.zeros(flat.shape[0], np.bool_)
-        exists[ok] = sub[1]
+        exists[ok] = a.host(sub[1])
+        if a.device_id is not None:
+            with a.on():
+                out, exists = a.cuda.to_device(out), a.cuda.to_device(exists)
         result = [out.reshape(keys.shape + (self.dim,))]
         if return_exists:
             result.append(exists.reshape(keys.shape))

@@ -112,6 +112,11 @@ def workload():
         b.upsert(keys, np.ones((keys.size, 3), np.float32), scores=sc(keys.size))
     O.apply_gradients(b, rules[2], ids, grads, step=1)
     b.remove(np.arange(10))
+    f = ne.Variable(2, device="cuda", admit=ne.admission.CounterFilter(min_count=2))
+    for _ in range(2):          # an admission filter: positions taken and put back
+        f.find_or_insert(ids)
+        f.upsert(ids, np.ones((4, 2), np.float32))
+        O.apply_gradients(f, rules[1], ids[:3], np.ones((3, 2), np.float32), step=1)
     for hbm in (None, 40):      # steps_to_live: the step marks rows; expiry, small rows
         e = ne.Variable(2, device="cuda", steps_to_live=1, max_hbm_bytes=hbm)
         O.apply_gradients(e, rules[0], ids, np.ones((4, 2), np.float32), step=1)
