@@ -527,12 +527,18 @@ def accum_plan(order, starts, present, exists, touch):
     ``exists``) or inserts (absent and not ``exists``) the key, else -1.  ``present``
     (n,): the key is in the table when the call starts."""
     for g in range(starts.shape[0] - 1):
-        touch[g] = -1
-        for j in range(starts[g], starts[g + 1]):
-            p = order[j]
-            if exists[p] == present[p]:
-                touch[g] = p
-                break
+        plan_group(order, starts, present, exists, touch, g)
+
+
+@njit(nogil=True, cache=True)
+def plan_group(order, starts, present, exists, touch, g):
+    """:func:`accum_plan` for group ``g`` (the body a GPU thread runs too)."""
+    touch[g] = -1
+    for j in range(starts[g], starts[g + 1]):
+        p = order[j]
+        if exists[p] == present[p]:
+            touch[g] = p
+            break
 
 
 @njit(nogil=True, cache=True)
@@ -545,22 +551,31 @@ def accum_apply(order, starts, touch, touch_rows, present, values, old, new, exi
     gets the row touched (or -1), ``inserted[p]`` marks the inserting position.
     16-bit rows add in float32 and round once (:mod:`jit_kernels.halfs`)."""
     for g in range(starts.shape[0] - 1):
-        r = touch_rows[g]
-        live = present[order[starts[g]]]
-        for j in range(starts[g], starts[g + 1]):
-            p = order[j]
-            rows[p] = -1
-            inserted[p] = False
-            if r < 0:
-                continue
-            row = values[r]
-            if not live and p == touch[g]:
-                for c in range(row.shape[0]):
-                    store(row, c, new[p, c])
-                live = True
-                inserted[p] = True
-                rows[p] = r
-            elif live and exists[p]:
-                for c in range(row.shape[0]):
-                    store(row, c, load(row, c) + (new[p, c] - old[p, c]))
-                rows[p] = r
+        apply_group(order, starts, touch, touch_rows, present, values, old, new, exists,
+                    rows, inserted, g)
+
+
+@njit(nogil=True, cache=True)
+def apply_group(order, starts, touch, touch_rows, present, values, old, new, exists, rows,
+                inserted, g):
+    """:func:`accum_apply` for group ``g`` (groups touch disjoint rows: a GPU runs them
+    a thread each)."""
+    r = touch_rows[g]
+    live = present[order[starts[g]]]
+    for j in range(starts[g], starts[g + 1]):
+        p = order[j]
+        rows[p] = -1
+        inserted[p] = False
+        if r < 0:
+            continue
+        row = values[r]
+        if not live and p == touch[g]:
+            for c in range(row.shape[0]):
+                store(row, c, new[p, c])
+            live = True
+            inserted[p] = True
+            rows[p] = r
+        elif live and exists[p]:
+            for c in range(row.shape[0]):
+                store(row, c, load(row, c) + (new[p, c] - old[p, c]))
+            rows[p] = r

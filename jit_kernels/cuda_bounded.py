@@ -32,7 +32,8 @@ from . import cuda_table as ct
 from .slots import first_slot
 
 __all__ = ["find_present", "forget", "restore_scores", "sync_meta", "bounded_insert",
-           "bounded_insert_ranges", "init_copy", "rehash_serial", "ranges_for", "nonneg"]
+           "bounded_insert_ranges", "init_copy", "rehash_serial", "ranges_for", "nonneg", "accum_plan", "accum_apply",
+           "acting_positions", "group_rows"]
 
 ranges_for = kb.ranges_for
 cuda = None      # numba.cuda, bound by add_kernels (a global: the simulator swaps it)
@@ -94,6 +95,39 @@ def add_kernels(kernels, cuda_module, body, copy_row, init_cols, init_both):
         """The range of each position: its slot (present), else its home slot."""
         for i in range(cuda.grid(1), keys.shape[0], cuda.gridsize(1)):
             home[i] = (where[i] if rows[i] >= 0 else home_of(keys[i], mask)) // span
+
+    plan_group, apply_group = body(kb.plan_group), body(kb.apply_group)
+
+    @kernel
+    def accum_plan(order, starts, present, exists, touch):
+        for g in range(cuda.grid(1), touch.shape[0], cuda.gridsize(1)):
+            plan_group(order, starts, present, exists, touch, g)
+
+    @kernel
+    def accum_apply(order, starts, touch, touch_rows, present, values, old, new, exists, rows,
+                    inserted):
+        for g in range(cuda.grid(1), touch.shape[0], cuda.gridsize(1)):
+            apply_group(order, starts, touch, touch_rows, present, values, old, new, exists,
+                        rows, inserted, g)
+
+    @kernel
+    def acting(touch, act):
+        """``act[p] = p`` for each group's acting position ``p`` (``act`` starts -1)."""
+        for g in range(cuda.grid(1), touch.shape[0], cuda.gridsize(1)):
+            if touch[g] >= 0:
+                act[touch[g]] = touch[g]
+
+    @kernel
+    def index_of(pos, at):
+        """``at[pos[j]] = j``."""
+        for j in range(cuda.grid(1), pos.shape[0], cuda.gridsize(1)):
+            at[pos[j]] = j
+
+    @kernel
+    def group_rows(touch, at, rows, out):
+        """``out[g]`` = the row the insert gave group g's acting position (-1: none)."""
+        for g in range(cuda.grid(1), touch.shape[0], cuda.gridsize(1)):
+            out[g] = rows[at[touch[g]]] if touch[g] >= 0 else -1
 
     @kernel
     def nonneg(a, out):
@@ -249,6 +283,34 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
     c = ct.compact_nonneg(at, sel)
     ct._go(K.bounded_take_evicted, c, sel[:c], ek, er, ev_keys, ev_rows)
     return c, int(res[:, 2].sum() + res2[0, 2])
+
+
+def accum_plan(order, starts, present, exists, touch):
+    """See :func:`jit_kernels.bounded.accum_plan` (a thread a group)."""
+    ct._go(_k().bounded_accum_plan, touch.shape[0], order, starts, present, exists, touch)
+
+
+def accum_apply(order, starts, touch, touch_rows, present, values, old, new, exists, rows,
+                inserted):
+    """See :func:`jit_kernels.bounded.accum_apply` (a thread a group)."""
+    ct._go(_k().bounded_accum_apply, touch.shape[0], order, starts, touch, touch_rows, present,
+           values, old, new, exists, rows, inserted)
+
+
+def acting_positions(touch, n):
+    """The groups' acting positions (``touch`` >= 0) in batch order, and where each
+    lands: ``(pos (m,), at (n,))`` with ``at[pos[j]] = j``."""
+    cuda, K = ct.cuda, _k()
+    act = ct.filled(n, -1, np.int64)
+    ct._go(K.bounded_acting, touch.shape[0], touch, act)
+    pos = cuda.device_array(max(n, 1), np.int64)
+    pos = pos[:ct.compact_nonneg(act, pos)]
+    ct._go(K.bounded_index_of, pos.shape[0], pos, act)
+    return pos, act
+
+
+def group_rows(touch, at, rows, out):
+    ct._go(_k().bounded_group_rows, touch.shape[0], touch, at, rows, out)
 
 
 def init_copy(values, rows, keys, inserted, present, out, kind, a, b, seed, const):

@@ -8,8 +8,8 @@ scores and values that a CPU one holds after the same calls.  ``last_evicted``
 holds device arrays.  Speed: a call's evicting pass runs on one GPU thread per range
 of the index once the table is full (``bounded_insert_ranges``), and on one thread
 while it fills or for calls under ``RANGES_MIN`` keys: a table filled from empty by
-large batches is slow there (unmeasured: no GPU yet).  Not here (yet): hybrid storage (``max_hbm_bytes``) and
-``accum``; admission filters and ``steps_to_live`` work as on any CUDA table.
+large batches is slow there (unmeasured: no GPU yet).  Not here (yet): hybrid storage (``max_hbm_bytes``); admission
+filters and ``steps_to_live`` work as on any CUDA table.
 
 Example (needs a GPU or the simulator, so not a doctest)::
 
@@ -81,5 +81,23 @@ class CudaBoundedShard(BoundedRows, CudaShard):
             return BoundedRows.remove(self, keys)
 
     def accum(self, keys, old, new, exists, **kw):
-        raise NotImplementedError("accum on a bounded CUDA table (max_capacity, "
-                                  "device='cuda') is not implemented: use a CPU table")
+        """See :meth:`numbaemb.bounded.BoundedShard.accum`: the same plan, each step a
+        kernel (groups from ``cuda_table.group_keys``, a thread a group)."""
+        n = keys.shape[0]
+        if not n:
+            return
+        with self.on():
+            order, starts = k.group_keys(keys)
+            g = starts.shape[0] - 1
+            present = self._new(n, np.bool_)
+            kbc.nonneg(self.find_rows(keys), present)
+            touch = self._new(g, np.int64)
+            kbc.accum_plan(order, starts, present, exists, touch)
+            pos, at = kbc.acting_positions(touch, n)       # in batch order
+            acting = self._take(keys.reshape(n, 1), pos).reshape(-1)
+            rows, inserted = self._insert(acting, **kw)
+            self._init_new(rows, acting, inserted, skip=("values",))
+            touch_rows = self._new(g, np.int64)
+            kbc.group_rows(touch, at, rows, touch_rows)
+            kbc.accum_apply(order, starts, touch, touch_rows, present, self.values, old, new,
+                            exists, self._new(n, np.int64), self._new(n, np.bool_))

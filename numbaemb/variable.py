@@ -482,9 +482,6 @@ class Variable:
         new = self._operands(new_values, keys.shape, "new_values")
         ex = self._arrays.exists(exists, keys.shape)
         take = self._arrays.take
-        if self.max_capacity is not None and self.device != "cpu":
-            raise NotImplementedError("accum on a bounded CUDA table (max_capacity, "
-                                      "device='cuda') is not implemented: use a CPU table")
         with self._lock.write():
             kw = self._bound_kw(None, keys.shape)          # a bounded table's clock tick
             for shard, pos, k in self._parts(keys, flat):

@@ -112,6 +112,8 @@ def workload():
         b.upsert(keys, np.ones((keys.size, 3), np.float32), scores=sc(keys.size))
     O.apply_gradients(b, rules[2], ids, grads, step=1)
     b.remove(np.arange(10))
+    b.accum(keys, np.zeros((keys.size, 3), np.float32), np.ones((keys.size, 3), np.float32),
+            np.arange(keys.size) % 2 == 0)
     f = ne.Variable(2, device="cuda", admit=ne.admission.CounterFilter(min_count=2))
     for _ in range(2):          # an admission filter: positions taken and put back
         f.find_or_insert(ids)
