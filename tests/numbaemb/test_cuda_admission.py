@@ -22,11 +22,10 @@ def exported(v):
     return keys[order], vals[order]
 
 
-@pytest.mark.parametrize("make", [lambda: ne.admission.CounterFilter(min_count=2),
-                                  lambda: ne.admission.BloomFilter(min_count=3, capacity=64)],
-                         ids=["counter", "bloom"])
-@pytest.mark.parametrize("bound", [{}, {"max_capacity": 12, "evict_window": 4}],
-                         ids=["plain", "bounded"])
+@pytest.mark.parametrize("make, bound", [
+    (lambda: ne.admission.CounterFilter(min_count=2), {}),
+    (lambda: ne.admission.BloomFilter(min_count=3, capacity=64),
+     {"max_capacity": 12, "evict_window": 4})], ids=["counter-plain", "bloom-bounded"])
 def test_filtered_gpu_table_matches_the_cpu(make, bound):
     gpu = ne.Variable(2, device="cuda", admit=make(), seed=2, **bound)
     cpu = ne.Variable(2, admit=make(), seed=2, **bound)
