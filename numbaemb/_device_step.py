@@ -75,17 +75,26 @@ def apply_on_device(variable, optimizer, ids, grads, step, lr, assume_unique, de
     variable._check_room(uniq)
     name, slots, hyper, flag = optimizer._rule(lr, step, dtype)
     with variable._lock.write():
-        ok = admitted(variable, uniq, uniq)         # ids an admission filter holds back
+        # group_keys' groups come in thread order; the CPU inserts (and a filter counts)
+        # its distinct ids in first-occurrence order, which a bounded table's evictions
+        # and a counter's depend on: those tables take them in that order here too
+        sel = None
+        if order is not None and inverse is None and (
+                variable.max_capacity is not None or variable.admit is not None):
+            sel = np.argsort(a.host(order)[a.host(starts)[:-1]], kind="stable")
+        ranked = uniq if sel is None else a.take(uniq, a.positions(sel))
+        ok = admitted(variable, ranked, ranked)     # ids an admission filter holds back
         _add_slot_columns(variable, optimizer)
         variable._last_step = step
         with shard.on():
             # new rows: initial values, slots too; rows -1 for the ids not admitted (by
             # the filter, or a bounded table), whose gradients the update kernel drops
             kw = variable._bound_kw(None, uniq.shape)
-            if ok is None:
+            if ok is None and sel is None:
                 rows, _ = shard.find_or_insert(uniq, **kw)
             else:
-                pos = a.positions(np.flatnonzero(ok))
+                keep = np.arange(uniq.shape[0]) if sel is None else sel
+                pos = a.positions(keep if ok is None else keep[ok])
                 rows = k.filled(uniq.shape[0], -1, np.int64)
                 a.put(rows, pos, shard.find_or_insert(a.take(uniq, pos), **kw)[0])
             cols = [shard.values] + [shard.columns[optimizer.column(s)].data if s else
