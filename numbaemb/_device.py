@@ -61,6 +61,10 @@ class HostArrays:
     def empty(self, shape, dtype):
         return aligned_empty(shape, dtype)
 
+    def from_host(self, a):
+        """A numpy result as this side's array (here: itself)."""
+        return a
+
     def take(self, a, pos):
         return a[pos]
 
@@ -206,6 +210,11 @@ class DeviceArrays:
     def empty(self, shape, dtype):
         with self.on():
             return self.cuda.device_array(shape, dtype)
+
+    def from_host(self, a):
+        """A numpy result moved to this GPU (results follow the table's device)."""
+        with self.on():
+            return self.cuda.to_device(a)
 
     @staticmethod
     def _2d(a):

@@ -61,13 +61,11 @@ class BoundedRows:
     def _reserve_rows(self, n_new):
         super()._reserve_rows(min(n_new, max(0, self.limit - self.n_full)))
 
-    def _rehashed(self, cap):
-        """A new index of ``cap`` slots holding this one's keys, placed serially in slot
-        order: the same layout whatever the threads do, so evictions (which depend on
-        the keys' neighbours in the index) are reproducible."""
-        new = self._empty_index(cap)
-        self._bk.rehash_serial(self.slots, new, cap - 1)
-        return new
+    def _place(self, pairs, slots):
+        """Keys placed serially in slot order: the same layout whatever the threads do,
+        so evictions (which depend on the keys' neighbours in the index) are
+        reproducible, after a rehash or a checkpoint load, on the CPU or a GPU."""
+        self._bk.rehash_serial(pairs, slots, slots.shape[0] // 2 - 1)
 
     def _rehash(self, n_keys):
         """Clear the tombstones (the index keeps its size: it was made for ``limit``)."""

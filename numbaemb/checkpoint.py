@@ -161,9 +161,7 @@ class _HostIO:
         pairs = np.empty(2 * keys.shape[0], np.int64)
         pairs[0::2] = keys
         pairs[1::2] = np.arange(first_row, first_row + keys.shape[0])
-        # a bounded table's layout decides its evictions: placed serially, reproducibly
-        rehash = k.rehash.serial if hasattr(self.shard, "limit") else k.rehash
-        rehash(pairs, self.shard.slots, self.shard.mask)
+        self.shard._place(pairs, self.shard.slots)
         return self.shard.find_rows(keys)
 
     def rows_view(self, name, row0, n):
@@ -213,10 +211,7 @@ class _CudaIO(_HostIO):
         pairs = np.empty(2 * keys.shape[0], np.int64)
         pairs[0::2] = keys
         pairs[1::2] = np.arange(first_row, first_row + keys.shape[0])
-        rehash = self.ct.rehash
-        if hasattr(self.shard, "limit"):        # bounded: placed serially, as on the CPU
-            from jit_kernels.cuda_bounded import rehash_serial as rehash
-        rehash(self.shard.to_device(pairs), self.shard.slots, self.shard.mask)
+        self.shard._place(self.shard.to_device(pairs), self.shard.slots)
         return self.shard.find_rows(self.shard.to_device(keys)).copy_to_host()
 
     def rows_view(self, name, row0, n):

@@ -68,14 +68,6 @@ class CudaBoundedShard(BoundedRows, CudaShard):
         with self.on():
             return BoundedRows.find_or_insert(self, keys, out, **kw)
 
-    def upsert(self, keys, values, **kw):
-        """Assign ``values`` (n, dim) to the admitted keys; the last one wins."""
-        with self.on():
-            rows, inserted = self._insert(keys, **kw)
-            self._init_new(rows, keys, inserted, skip=("values",))
-            k.assign_rows(self.values, rows, values, scratch=self._scratch)   # (-1: passed by)
-            return rows
-
     def remove(self, keys):
         with self.on():
             return BoundedRows.remove(self, keys)

@@ -143,11 +143,6 @@ class CudaShard(IndexedRows):
 
     _empty_index = staticmethod(k.device_empty_slots)
 
-    def _rehashed(self, cap):
-        new = k.device_empty_slots(cap)
-        k.rehash(self.slots, new, cap - 1)
-        return new
-
     def _reserve_rows(self, n_new):
         need = self.fresh + max(0, n_new - self.n_free)
         have = self.values.shape[0]
@@ -216,10 +211,12 @@ class CudaShard(IndexedRows):
         with self.on():
             return super().find_or_insert(keys, out)
 
-    def upsert(self, keys, values):
-        """Assign ``values`` (n, dim); for a repeated key the last one wins."""
+    def upsert(self, keys, values, **kw):
+        """Assign ``values`` (n, dim); for a repeated key the last one wins.  (``kw``: a
+        bounded shard's insert arguments; a key it does not admit has row -1, which
+        ``assign_rows`` passes by.)"""
         with self.on():
-            rows, inserted = self._insert(keys)
+            rows, inserted = self._insert(keys, **kw)
             self._init_new(rows, keys, inserted, skip=("values",))
             k.assign_rows(self.values, rows, values, scratch=self._scratch)
             return rows

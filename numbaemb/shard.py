@@ -96,7 +96,18 @@ class IndexedRows:
         self._init_new(rows, keys, inserted, skip=("values",))
         return rows, inserted
 
-    # ---- capacity (shared; subclasses provide _count_absent, _rehashed, _reserve_rows) ----
+    # ---- capacity (shared; subclasses provide _count_absent, _empty_index, _reserve_rows) ----
+    def _place(self, pairs, slots):
+        """Insert the ``(key, row)`` pairs of ``pairs`` (an index or a flat pair array,
+        in this shard's memory; empty slots skipped) into the index ``slots``: the rehash
+        kernel (a bounded shard places them serially, see :mod:`numbaemb.bounded`)."""
+        self._kernels.rehash(pairs, slots, slots.shape[0] // 2 - 1)
+
+    def _rehashed(self, cap):
+        new = self._empty_index(cap)
+        self._place(self.slots, new)
+        return new
+
     def _reserve(self, keys):
         """Make room for every absent key of ``keys``; returns the bound used."""
         n_new = keys.shape[0]
@@ -174,11 +185,6 @@ class Shard(IndexedRows):
         return k.find_rows(self.slots, self.mask, keys, np.empty(keys.shape[0], np.int64))
 
     _empty_index = staticmethod(empty_slots)
-
-    def _rehashed(self, cap):
-        new = empty_slots(cap)
-        k.rehash(self.slots, new, cap - 1)
-        return new
 
     def _reserve_rows(self, n_new):
         need = self.fresh + max(0, n_new - self.free_rows.shape[0])

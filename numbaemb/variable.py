@@ -366,10 +366,7 @@ class Variable:
         if not return_exists:
             return out
         host = a.host
-        seq = sequential_exists(host(flat), host(exists))
-        if a.device_id is not None:   # back to the device, as the rows are
-            with a.on():
-                seq = a.cuda.to_device(seq)
+        seq = a.from_host(sequential_exists(host(flat), host(exists)))   # (to the rows' side)
         return out, seq.reshape(keys.shape)
 
     def upsert(self, keys, values, scores=None):
@@ -403,9 +400,7 @@ class Variable:
         out[ok], out[~ok] = a.host(sub[0]), rest
         exists = np.zeros(flat.shape[0], np.bool_)
         exists[ok] = a.host(sub[1])
-        if a.device_id is not None:
-            with a.on():
-                out, exists = a.cuda.to_device(out), a.cuda.to_device(exists)
+        out, exists = a.from_host(out), a.from_host(exists)
         result = [out.reshape(keys.shape + (self.dim,))]
         if return_exists:
             result.append(exists.reshape(keys.shape))
@@ -458,10 +453,7 @@ class Variable:
         a = self._arrays
         result = [self._shown(out).reshape(keys.shape + (self.dim,))]
         if return_exists:
-            exists = (a.host(rows) >= 0) & ~a.host(inserted)
-            if a.device_id is not None:         # back to the device, as the rows are
-                with a.on():
-                    exists = a.cuda.to_device(exists)
+            exists = a.from_host((a.host(rows) >= 0) & ~a.host(inserted))
             result.append(exists.reshape(keys.shape))
         if return_evicted:
             ev_keys = a.concat([ev_keys], self._id_dtype)
