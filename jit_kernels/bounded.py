@@ -27,10 +27,11 @@ scores back after the call), so a window of 32 slots is four cache lines;
 A victim's slot that the new key does not take is emptied by moving the later keys
 of its run back (backward-shift deletion): evicting inserts leave no tombstones, so
 the index is not rebuilt for them and probe sequences stay short.  The pass runs in
-batch order, serially (:func:`bounded_insert`) or, into a full table, in ranges of
-the index on all threads (:func:`bounded_insert_ranges`, the serial result of the
-call reordered so its few keys near a range's end come last): either way the result
-depends on the table and the call, never on the threads.
+batch order, serially (:func:`bounded_insert`) or, into a full table or one the call
+cannot fill, in ranges of the index on all threads (:func:`bounded_insert_ranges`,
+the serial result of the call reordered by range, its few keys near a range's end
+last): either way the result depends on the table and the call, never on the
+threads.
 
 >>> import numpy as np
 >>> from jit_kernels.slots import empty_slots
@@ -53,7 +54,7 @@ True
 import numpy as np
 from numba import njit, prange
 
-from .cpu_table import ROWS_AHEAD, prefetch_row, prefetch_write, rehash
+from .cpu_table import ROWS_AHEAD, prefetch_read, prefetch_row, prefetch_write, rehash
 from .initializers import init_row
 from .halfs import load, store
 from .slots import DELETED, EMPTY, first_slot, next_slot
@@ -164,7 +165,15 @@ def find_present(slots, mask, keys, rows, where, mscore, mark, batch):
     absent; every present key is marked as this call's (``mark[slot] = batch``,
     ``mscore[slot] = MAX``), so no key of the call is a victim (parallel; before
     :func:`bounded_insert`)."""
-    for i in prange(keys.shape[0]):
+    n = keys.shape[0]
+    for i in prange(n):
+        if i + AHEAD < n:           # the home slot AHEAD keys on; AHEAD / 2 on, the slot
+            prefetch_read(slots, 16 * first_slot(keys[i + AHEAD], mask))   # copies a
+        if i + AHEAD // 2 < n:                                  # present key gets
+            h = first_slot(keys[i + AHEAD // 2], mask)
+            if slots[2 * h] == keys[i + AHEAD // 2]:
+                prefetch_write(mark, 8 * h)
+                prefetch_write(mscore, 8 * h)
         present_one(slots, mask, keys, rows, where, mscore, mark, batch, i)
 
 
@@ -199,7 +208,15 @@ def restore_scores(slots, mask, keys, where, scores, mscore):
     """After a call: the slot of each admitted key of ``keys`` gets its score in
     ``mscore`` again (``where``: each position's slot when placed, -1 if not admitted;
     a key that an eviction moved back is found again)."""
-    for i in prange(where.shape[0]):
+    n = where.shape[0]
+    for i in prange(n):
+        if i + AHEAD < n and where[i + AHEAD] >= 0:     # the slot AHEAD keys on; AHEAD
+            prefetch_read(slots, 16 * where[i + AHEAD])  # / 2 on, its key's score
+            prefetch_write(mscore, 8 * where[i + AHEAD])
+        if i + AHEAD // 2 < n and where[i + AHEAD // 2] >= 0:
+            r = slots[2 * where[i + AHEAD // 2] + 1]
+            if r >= 0:
+                prefetch_read(scores, 8 * r)
         restore_one(slots, mask, keys, where, scores, mscore, i)
 
 
@@ -255,6 +272,12 @@ def rehash_serial(old_slots, new_slots, new_mask):
     rehash.serial(old_slots, new_slots, new_mask)
 
 
+def absent_count(rows):
+    """How many of ``rows`` (from :func:`find_present`) are negative: the call's
+    positions whose key was absent when it started."""
+    return int(np.count_nonzero(rows < 0))
+
+
 DEFER_KEYS = 64      # keys a range defers before it defers every new key left
 RANGE_SLOTS = 4096   # the fewest index slots a range of bounded_insert_ranges has
 RANGES_MIN = 2048    # the fewest positions a call cuts into ranges
@@ -280,8 +303,11 @@ def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, rows
     vacated run would reach ``hi`` is deferred (``deferred[i]``, rows and
     where left -2 / -1), and so are its later repeats.  ``held`` (``DEFER_KEYS``,) and
     ``spec`` (``2 * AHEAD``,) int64 are work space (the keys deferred so far, the
-    victims foreseen for the next keys).  Returns ``(rows taken, keys evicted,
-    tombstones made minus consumed, size after, positions deferred)``.  One body for
+    victims foreseen for the next keys).  ``n_free < 0``: a fill in ranges (the table
+    cannot fill in this call, see :func:`bounded_insert_ranges`): a new key's row is
+    its slot for now, and a new key whose probe sequence reaches ``hi`` is deferred.
+    Returns ``(rows taken, keys evicted, tombstones made minus consumed, size after,
+    positions deferred)``.  One body for
     the CPU and the GPU (:mod:`jit_kernels.cuda_bounded`; its prefetches are no-ops
     there)."""
     taken = 0
@@ -348,9 +374,13 @@ def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, rows
         if defer:
             pass
         elif size < limit:
-            r = free_rows[n_free - 1 - taken] if taken < n_free else fresh_start + taken - n_free
-            taken += 1
-            size += 1
+            if free == -2:          # a fill in ranges: the free slot is past the range's end
+                defer = True
+            else:                   # (n_free < 0: a fill in ranges, the slot is the row)
+                r = free if n_free < 0 else free_rows[n_free - 1 - taken] if taken < n_free \
+                    else fresh_start + taken - n_free
+                taken += 1
+                size += 1
         else:
             v, v_score = _victim(slots, mask, key, window, mscore, mark, batch)
             while v >= 0 and slots[2 * v + 1] < 0:    # a stale copy: that slot is free
@@ -428,35 +458,29 @@ def bounded_insert(slots, mask, keys, given, scores, mscore, mark, batch, rows, 
 
 @njit(nogil=True, cache=True, parallel=True)
 def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch, rows, where,
-                          inserted, n_ranges, limit, window, policy, epoch, clock, keep,
-                          ev_keys, ev_rows, deferred):
-    """:func:`bounded_insert` into a *full* table on several threads.
+                          inserted, free_rows, n_free, fresh_start, size, n_ranges, limit,
+                          window, policy, epoch, clock, keep, ev_keys, ev_rows, deferred):
+    """:func:`bounded_insert` on several threads, into a *full* table or one the call
+    cannot fill (``size`` + the call's absent positions <= ``limit``: a *fill*).
 
     The index is cut into ``n_ranges`` ranges of consecutive slots (a number fixed by
     the table, not by the threads).  Each range runs, in batch order, the positions
     whose key lives in it (present keys: their slot; absent: their home slot) and
     that it can finish alone (:func:`_pass`); the positions it defers (a new key near
-    its end, under 1% of them) then run serially in batch order.  The result is that
-    of :func:`bounded_insert` on the call's positions reordered so, the deferred ones
-    last (ranges touch disjoint slots, rows and scores): it depends on the table and
-    the call only.  ``deferred`` (n,) receives which positions were; the evictions
-    are reported in the order of the positions that made them.  Returns ``(keys
-    evicted, tombstones made minus consumed)``.
+    its end, under 1% of them) then run serially in batch order.  In a fill the
+    ranges give each new key its slot as a stand-in row (scores beside the slots, in
+    ``mscore``) and the rows are handed out after them, range by range
+    (:func:`range_rows`).  The result is that of :func:`bounded_insert` on the call's
+    positions reordered by range (ranges in index order, a range's positions in batch
+    order), the deferred ones last (ranges touch disjoint slots, rows and scores): it
+    depends on the table and the call only.
+    ``deferred`` (n,) receives which positions were; the evictions are reported in
+    the order of the positions that made them.  Returns ``(rows taken, keys evicted,
+    tombstones made minus consumed, size after)``.
     """
     n = keys.shape[0]
-    span = (mask + 1) // n_ranges
-    starts = np.zeros(n_ranges + 1, np.int64)
-    home = np.empty(n, np.int64)
-    for i in range(n):              # group the positions by range (counting sort)
-        home[i] = (where[i] if rows[i] >= 0 else first_slot(keys[i], mask)) // span
-        starts[home[i] + 1] += 1
-    for g in range(n_ranges):
-        starts[g + 1] += starts[g]
-    order = np.empty(n, np.int64)
-    fill = starts[:-1].copy()
-    for i in range(n):
-        order[fill[home[i]]] = i
-        fill[home[i]] += 1
+    fill = size < limit
+    order, starts = _by_range(mask, keys, rows, where, n_ranges)
     # the ranges work on copies in range order (contiguous, not scattered, accesses)
     k2, g2, r2, w2 = np.empty_like(keys), np.empty_like(given), np.empty_like(rows), \
         np.empty_like(where)
@@ -464,25 +488,43 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
     for t in prange(n):
         i = order[t]
         k2[t], g2[t], r2[t], w2[t] = keys[i], given[i], rows[i], where[i]
+    if fill:
+        for t in prange(n):
+            slot_row_one(r2, w2, scores, mscore, t)
     # evictions: range g's from starts[g] on, the deferred positions' from n on
     ek, er, ep = np.empty(2 * n, np.int64), np.empty(2 * n, np.int64), np.empty(2 * n, np.int64)
     n_evs, made = np.zeros(n_ranges, np.int64), np.zeros(n_ranges, np.int64)
     no_rows = np.empty(0, np.int64)
     same = np.arange(n)
+    span = (mask + 1) // n_ranges
+    # a fill: scores beside the slots, slots for rows, never full in a range
+    sc = mscore if fill else scores
+    nf, s0, top = (-1, 0, n + 1) if fill else (0, limit, limit)
+    took = np.zeros(n_ranges, np.int64)
     for g in prange(n_ranges):
         held, spec = _work()
-        out = _pass(same, starts[g], starts[g + 1], slots, mask, k2, g2, scores, mscore, mark,
-                    batch, r2, w2, new2, no_rows, 0, 0, limit, limit, window, policy, epoch,
-                    clock, keep, (g + 1) * span, ek, er, ep, starts[g], late2, held, spec)
-        n_evs[g], made[g] = out[1], out[2]
+        out = _pass(same, starts[g], starts[g + 1], slots, mask, k2, g2, sc, mscore, mark,
+                    batch, r2, w2, new2, no_rows, nf, 0, s0, top, window, policy, epoch, clock,
+                    keep, (g + 1) * span, ek, er, ep, starts[g], late2, held, spec)
+        took[g], n_evs[g], made[g] = out[0], out[1], out[2]
+    taken = 0
+    if fill:                        # the new rows, range by range (see range_rows)
+        base = np.empty(n_ranges, np.int64)
+        for g in range(n_ranges):
+            base[g] = taken
+            taken += took[g]
+        for g in prange(n_ranges):
+            range_rows(starts, g, base, slots, r2, w2, new2, late2, scores, mscore,
+                       free_rows, n_free, fresh_start)
     for t in prange(n):
         i = order[t]
         rows[i], where[i], inserted[i], deferred[i] = r2[t], w2[t], new2[t], late2[t]
     late = np.flatnonzero(deferred)
     held, spec = _work()
+    nf, f0 = max(n_free - taken, 0), fresh_start + max(taken - n_free, 0)
     out = _pass(late, 0, late.shape[0], slots, mask, keys, given, scores, mscore, mark, batch,
-                rows, where, inserted, no_rows, 0, 0, limit, limit, window, policy, epoch,
-                clock, keep, -1, ek, er, ep, n, deferred, held, spec)
+                rows, where, inserted, free_rows, nf, f0, size + taken, limit, window, policy,
+                epoch, clock, keep, -1, ek, er, ep, n, deferred, held, spec)
     at = np.full(n, -1, np.int64)       # report them in the order of their positions
     for g in range(n_ranges):
         for e in range(starts[g], starts[g] + n_evs[g]):
@@ -495,7 +537,66 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
             ev_keys[c] = ek[at[i]]
             ev_rows[c] = er[at[i]]
             c += 1
-    return c, made.sum() + out[2]
+    return taken + out[0], c, made.sum() + out[2], out[3]
+
+
+@njit(nogil=True, cache=True)
+def _by_range(mask, keys, rows, where, n_ranges):
+    """The positions grouped by range of the index, batch order in a range (a counting
+    sort; present keys by their slot, absent ones by their home slot): ``(order,
+    starts)``, range g's positions ``order[starts[g]:starts[g + 1]]``."""
+    n = keys.shape[0]
+    span = (mask + 1) // n_ranges
+    starts = np.zeros(n_ranges + 1, np.int64)
+    home = np.empty(n, np.int64)
+    for i in range(n):
+        home[i] = (where[i] if rows[i] >= 0 else first_slot(keys[i], mask)) // span
+        starts[home[i] + 1] += 1
+    for g in range(n_ranges):
+        starts[g + 1] += starts[g]
+    order = np.empty(n, np.int64)
+    fill = starts[:-1].copy()
+    for i in range(n):
+        order[fill[home[i]]] = i
+        fill[home[i]] += 1
+    return order, starts
+
+
+# ---- a fill in ranges: per-position bodies (a GPU runs them a thread each) ---------------
+@njit(nogil=True, cache=True)
+def slot_row_one(rows, where, scores, mscore, i):
+    """Before the ranges of a fill: a present key's score goes beside its slot
+    (``mscore``) and its slot stands in for its row, as a new key's does."""
+    if rows[i] >= 0:
+        mscore[where[i]] = scores[rows[i]]
+        rows[i] = where[i]
+
+
+@njit(nogil=True, cache=True)
+def range_rows(starts, g, base, slots, rows, where, inserted, deferred, scores, mscore,
+               free_rows, n_free, fresh_start):
+    """After the ranges of a fill, range ``g``'s positions (``starts[g]:starts[g + 1]``
+    of the arrays in range order) in order: each inserting one takes the call's next
+    new row (its ``base[g]``-th on: ``free_rows`` top down, then ``fresh_start`` on)
+    into its slot, and each one its key's row, which gets the score kept beside the
+    slot (``mscore`` keeps it too: the deferred keys, the last to run, cannot fill the
+    table, so no victim is looked for before :func:`restore_scores`).  The accesses
+    stay in the range's slots; the new rows are consecutive."""
+    k = base[g]
+    for t in range(starts[g], starts[g + 1]):
+        if t + AHEAD < starts[g + 1] and not deferred[t + AHEAD]:
+            prefetch_write(slots, 16 * where[t + AHEAD])    # (the range's slots have
+            prefetch_read(mscore, 8 * where[t + AHEAD])     # left the cache by now)
+        if deferred[t]:
+            continue
+        p = where[t]
+        if inserted[t]:
+            slots[2 * p + 1] = free_rows[n_free - 1 - k] if k < n_free \
+                else fresh_start + k - n_free
+            k += 1
+        r = slots[2 * p + 1]
+        rows[t] = r
+        scores[r] = mscore[p]
 
 
 @njit(nogil=True, cache=True, parallel=True)

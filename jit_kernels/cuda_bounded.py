@@ -7,9 +7,10 @@ key, and the evicting pass (``_pass``) runs as it does on the CPU, one thread a
 sequence of positions:
 
 * :func:`bounded_insert`: one thread runs the whole call in batch order;
-* :func:`bounded_insert_ranges` (a full table): one thread a range of the index,
-  then one thread the positions the ranges deferred, exactly as the CPU's
-  ``prange`` over ranges does; the result depends on the table and the call
+* :func:`bounded_insert_ranges` (a full table, or a call that cannot fill it):
+  one thread a range of the index, then one thread the positions the ranges
+  deferred, exactly as the CPU's ``prange`` over ranges does (a fill's rows are
+  handed out a thread a range too); the result depends on the table and the call
   only, so a CUDA bounded table holds the very keys, rows and scores of a CPU
   one given the same calls (``tests/numbaemb/test_cuda_bounded.py`` checks it).
 
@@ -20,10 +21,10 @@ most) where an unbounded insert runs a thread a key.  Nothing here imports
 
 Example (needs a GPU or the simulator, so not a doctest)::
 
-    n_ev, made = bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark,
-                                       batch, rows, where, inserted, ranges_for(cap, 32),
-                                       limit, 32, LRU, 0, clock, True, ev_keys, ev_rows,
-                                       deferred)
+    taken, n_ev, made, size = bounded_insert_ranges(
+        slots, mask, keys, given, scores, mscore, mark, batch, rows, where, inserted,
+        free_rows, n_free, fresh_start, size, ranges_for(cap, 32), limit, 32, LRU, 0, clock,
+        True, ev_keys, ev_rows, deferred)
 """
 import numpy as np
 
@@ -32,8 +33,8 @@ from . import cuda_table as ct
 from .slots import first_slot
 
 __all__ = ["find_present", "forget", "restore_scores", "sync_meta", "bounded_insert",
-           "bounded_insert_ranges", "init_copy", "rehash_serial", "ranges_for", "nonneg", "accum_plan", "accum_apply",
-           "acting_positions", "group_rows"]
+           "bounded_insert_ranges", "absent_count", "init_copy", "rehash_serial", "ranges_for",
+           "nonneg", "accum_plan", "accum_apply", "acting_positions", "group_rows"]
 
 ranges_for = kb.ranges_for
 cuda = None      # numba.cuda, bound by add_kernels (a global: the simulator swaps it)
@@ -89,6 +90,22 @@ def add_kernels(kernels, cuda_module, body, copy_row, init_cols, init_both):
                          fresh_start, size, limit, window, policy, epoch, clock, keep, hi,
                          ev_keys, ev_rows, ev_pos, e_base + starts[g], deferred, held, spec)
             out[g, 0], out[g, 1], out[g, 2], out[g, 3], out[g, 4] = r
+
+    slot_row_one, range_rows = body(kb.slot_row_one), body(kb.range_rows)
+
+    @kernel
+    def slot_rows(rows, where, scores, mscore):
+        for i in range(cuda.grid(1), rows.shape[0], cuda.gridsize(1)):
+            slot_row_one(rows, where, scores, mscore, i)
+
+    @kernel
+    def fill_rows(starts, base, slots, rows, where, inserted, deferred, scores, mscore,
+                  free_rows, n_free, fresh_start):
+        """Thread g: :func:`jit_kernels.bounded.range_rows` of range g."""
+        g = cuda.grid(1)
+        if g < starts.shape[0] - 1:
+            range_rows(starts, g, base, slots, rows, where, inserted, deferred, scores, mscore,
+                       free_rows, n_free, fresh_start)
 
     @kernel
     def homes(keys, rows, where, mask, span, home):
@@ -247,12 +264,13 @@ def bounded_insert(slots, mask, keys, given, scores, mscore, mark, batch, rows, 
 
 
 def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch, rows, where,
-                          inserted, n_ranges, limit, window, policy, epoch, clock, keep,
-                          ev_keys, ev_rows, deferred):
+                          inserted, free_rows, n_free, fresh_start, size, n_ranges, limit,
+                          window, policy, epoch, clock, keep, ev_keys, ev_rows, deferred):
     """See :func:`jit_kernels.bounded.bounded_insert_ranges` (a thread a range, then one
     thread the deferred positions)."""
     cuda, K = ct.cuda, _k()
     n = keys.shape[0]
+    fill = size < limit
     span = (mask + 1) // n_ranges
     home = cuda.device_array(n, np.int64)
     ct._go(K.bounded_homes, n, keys, rows, where, mask, span, home)
@@ -260,18 +278,28 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
     k2, g2, r2, w2 = (cuda.device_array(n, np.int64) for _ in range(4))
     new2, late2 = cuda.device_array(n, np.bool_), cuda.device_array(n, np.bool_)
     ct._go(K.bounded_to_ranges, n, order, keys, given, rows, where, k2, g2, r2, w2, late2)
+    if fill:
+        ct._go(K.bounded_slot_rows, n, r2, w2, scores, mscore)
     ek, er, ep = (cuda.device_array(2 * n, np.int64) for _ in range(3))
     no_rows = cuda.device_array(1, np.int64)
-    call = (slots, mask, k2, g2, scores, mscore, mark, batch, r2, w2, new2, no_rows, 0, 0,
-            limit, limit, window, policy, epoch, clock, keep)
+    call = (slots, mask, k2, g2, mscore if fill else scores, mscore, mark, batch, r2, w2, new2,
+            no_rows, -1 if fill else 0, 0, 0 if fill else limit, n + 1 if fill else limit,
+            window, policy, epoch, clock, keep)
     res, counts = _run(_iota(n), starts, span, call, 0, (ek, er, ep), late2)
+    taken = int(res[:, 0].sum()) if fill else 0
+    if fill:                        # the new rows, a thread a range
+        base = np.concatenate([[0], np.cumsum(res[:-1, 0])]).astype(np.int64)
+        K.bounded_fill_rows[max(1, -(-n_ranges // ct._Launch.threads)), ct._Launch.threads](
+            starts, cuda.to_device(base), slots, r2, w2, new2, late2, scores, mscore,
+            free_rows, n_free, fresh_start)
     late_pos = cuda.device_array(n, np.int64)
     ct._go(K.bounded_from_ranges, n, order, r2, w2, new2, late2, rows, where, inserted,
            deferred, late_pos)
     late = cuda.device_array(max(n, 1), np.int64)
     m = ct.compact_nonneg(late_pos, late)
     call = (slots, mask, keys, given, scores, mscore, mark, batch, rows, where, inserted,
-            no_rows, 0, 0, limit, limit, window, policy, epoch, clock, keep)
+            free_rows, max(n_free - taken, 0), fresh_start + max(taken - n_free, 0),
+            size + taken, limit, window, policy, epoch, clock, keep)
     res2, counts2 = _run(late[:m], cuda.to_device(np.array([0, m], np.int64)), 0, call, n,
                          (ek, er, ep), deferred)
     at = ct.filled(n, -1, np.int64)
@@ -282,7 +310,14 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
     sel = cuda.device_array(max(n, 1), np.int64)
     c = ct.compact_nonneg(at, sel)
     ct._go(K.bounded_take_evicted, c, sel[:c], ek, er, ev_keys, ev_rows)
-    return c, int(res[:, 2].sum() + res2[0, 2])
+    return (taken + int(res2[0, 0]), c, int(res[:, 2].sum() + res2[0, 2]), int(res2[0, 3]))
+
+
+def absent_count(rows):
+    """How many of ``rows`` are negative (keys absent when the call started)."""
+    present = ct.cuda.device_array(max(rows.shape[0], 1), np.bool_)[:rows.shape[0]]
+    nonneg(rows, present)
+    return rows.shape[0] - ct.count_true(present)
 
 
 def accum_plan(order, starts, present, exists, touch):

@@ -3,8 +3,8 @@
 ``Variable(dim, max_capacity=N, evict="lru")`` builds one :class:`BoundedShard`
 (see :mod:`jit_kernels.bounded` for the scores and the eviction rule).  Every
 inserting call (``find_or_insert``, ``upsert``, optimizer steps) runs the bounded
-kernels (serial, or in ranges of the index once the table is full and the call has
-``RANGES_MIN`` keys); lookups are unchanged (they neither insert nor touch scores).  A
+kernels (serial, or in ranges of the index when the call has ``RANGES_MIN`` keys and
+the table is full or cannot fill in the call); lookups are unchanged (they neither insert nor touch scores).  A
 key that is not admitted gets no row: ``find_or_insert`` returns its initial
 values and reports it absent, ``upsert`` drops its value, an optimizer step drops
 its gradient.  An evicted key leaves with every column (optimizer slots too), and
@@ -114,17 +114,19 @@ class BoundedRows:
                     self.mark, self._batch, rows[lo:lo + step], where[lo:lo + step],
                     inserted[lo:lo + step])
             ranges = kb.ranges_for(self.capacity, self.window)
-            if self.n_full >= self.limit and k.shape[0] >= kb.RANGES_MIN and ranges > 1:
-                ev, made = bk.bounded_insert_ranges(   # full: every new key evicts or is
-                    *call, ranges, self.limit, self.window, self.policy, epoch, clock,
-                    scores is None, ev_keys[n_ev:], ev_rows[n_ev:],    # refused: ranges of
-                    self._new(k.shape[0], np.bool_))                  # the index in parallel
-                taken, size = 0, self.n_full
+            wide = k.shape[0] >= kb.RANGES_MIN and ranges > 1
+            if wide and self.n_full < self.limit:    # a fill: the call cannot fill the table
+                wide = self.n_full + bk.absent_count(rows[lo:lo + step]) <= self.limit
+            rest = (self.free_rows, self.free_rows.shape[0], self.fresh, self.n_full)
+            if wide:                # ranges of the index on all threads
+                taken, ev, made, size = bk.bounded_insert_ranges(
+                    *call, *rest, ranges, self.limit, self.window, self.policy, epoch,
+                    clock, scores is None, ev_keys[n_ev:], ev_rows[n_ev:],
+                    self._new(k.shape[0], np.bool_))
             else:
                 taken, ev, made, size = bk.bounded_insert(
-                    *call, self.free_rows, self.free_rows.shape[0], self.fresh, self.n_full,
-                    self.limit, self.window, self.policy, epoch, clock, scores is None,
-                    ev_keys[n_ev:], ev_rows[n_ev:])
+                    *call, *rest, self.limit, self.window, self.policy, epoch, clock,
+                    scores is None, ev_keys[n_ev:], ev_rows[n_ev:])
             self._take_rows(taken)
             self.n_full = size
             self.n_deleted += made

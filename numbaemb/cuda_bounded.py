@@ -5,11 +5,11 @@
 the columns (the score column too), ``mscore`` and ``mark`` live in device memory,
 and every kernel runs the CPU's body, so a CUDA bounded table holds the keys, rows,
 scores and values that a CPU one holds after the same calls.  ``last_evicted``
-holds device arrays.  Speed: a call's evicting pass runs on one GPU thread per range
-of the index once the table is full (``bounded_insert_ranges``), and on one thread
-while it fills or for calls under ``RANGES_MIN`` keys: a table filled from empty by
-large batches is slow there (unmeasured: no GPU yet).  Not here (yet): hybrid storage (``max_hbm_bytes``); admission
-filters and ``steps_to_live`` work as on any CUDA table.
+holds device arrays.  Speed: a call's pass runs on one GPU thread per range of the
+index (``bounded_insert_ranges``) when the table is full or the call cannot fill it,
+and on one thread for the call that fills it or calls under ``RANGES_MIN`` keys
+(unmeasured: no GPU yet).  Not here (yet): hybrid storage (``max_hbm_bytes``);
+admission filters and ``steps_to_live`` work as on any CUDA table.
 
 Example (needs a GPU or the simulator, so not a doctest)::
 

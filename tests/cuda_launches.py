@@ -99,13 +99,15 @@ def workload():
             O.apply_gradients(t, rule, uniq, grads[:3], step=2, assume_unique=True)
             O.slot_values(t, rule, rule.slots()[0][0], uniq)
     O.apply_gradients(t, rules[-1], uniq, grads, step=3, inverse=np.array([0, 0, 1, 2]))
-    # a bounded table: the serial pass, ranges into the full table (their thresholds
-    # lowered: the simulator is slow), custom scores, a step with ids not admitted, a reload
+    # a bounded table: a fill in ranges, the serial pass, ranges into the full table
+    # (their thresholds lowered: the simulator is slow), custom scores, a step with ids
+    # not admitted, a reload
     from jit_kernels import bounded as kb
     kb.RANGES_MIN, kb.RANGE_SLOTS = 16, 64
     for policy in ("lfu", "custom"):
         b = ne.Variable(3, device="cuda", max_capacity=100, evict=policy, evict_window=1)
         sc = (lambda n: np.arange(n)) if policy == "custom" else (lambda n: None)
+        b.find_or_insert(np.arange(-40, 0), scores=sc(40))     # a fill in ranges
         b.find_or_insert(np.arange(120), return_exists=True, return_evicted=True,
                          scores=sc(120))
         b.find_or_insert(np.arange(5000, 5050), return_evicted="columns", scores=sc(50))

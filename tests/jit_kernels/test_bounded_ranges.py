@@ -1,9 +1,10 @@
-"""The parallel evicting pass (``jit_kernels.bounded.bounded_insert_ranges``) against
-the serial one.
+"""The parallel pass (``jit_kernels.bounded.bounded_insert_ranges``) against the
+serial one, into full tables (every new key evicts or is refused) and into tables the
+call cannot fill.
 
 Its documented result: that of the serial :func:`bounded_insert` on the call's
-positions reordered so that the positions it deferred come last (each in batch
-order).  Small indexes cut into ranges of 16-64 slots make many keys cross a range's
+positions reordered by range (ranges in index order, a range's positions in batch
+order), the positions it deferred last (in batch order).  Small indexes cut into ranges of 16-64 slots make many keys cross a range's
 end (deferred by the window, the probe sequence or the vacated run); keys include the
 extremes, repeats and keys present when the call starts; every policy, custom scores.
 """
@@ -12,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jit_kernels import bounded as kb
+from jit_kernels.cpu_table import erase_keys
 from jit_kernels.slots import empty_slots, first_slot
 
 INT64_MIN, INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
@@ -23,18 +25,35 @@ LIMIT = 100                    # or Table(limit=160) (load 0.63, longer probe se
 
 
 class Table:
-    """A full bounded table's arrays (the kernels' arguments)."""
+    """A bounded table's arrays (the kernels' arguments): full, or with ``size`` keys
+    of which ``removed`` were removed since (tombstones in the index, free rows)."""
 
-    def __init__(self, window, policy, seed, limit=LIMIT):
-        self.limit = limit
+    def __init__(self, window, policy, seed, limit=LIMIT, size=None, removed=0):
+        self.limit, self.size, self.fresh = limit, 0, 0
         self.slots, self.scores = empty_slots(CAP), np.zeros(limit, np.int64)
         self.mscore, self.mark = np.full(CAP, kb.MAX, np.int64), np.zeros(CAP, np.int64)
+        self.free = np.empty(0, np.int64)
         self.window, self.policy, self.batch = window, policy, 0
         rng = np.random.default_rng(seed)
-        first = rng.choice(np.arange(-5000, 5000), limit, replace=False).astype(np.int64)
-        self.serial(first, np.zeros(limit, np.int64), clock=1, size=0)
-        for clock in (2, 3):        # evictions and repeats: varied scores and layout
-            self.serial(rng.integers(-6000, 6000, 60), rng.integers(0, 9, 60), clock, limit)
+        first = rng.choice(np.arange(-5000, 5000), size or limit, replace=False)
+        self.serial(first, np.zeros(first.shape[0], np.int64), clock=1)
+        if size is None:
+            for clock in (2, 3):    # evictions and repeats: varied scores and layout
+                self.serial(rng.integers(-6000, 6000, 60), rng.integers(0, 9, 60), clock)
+        gone = first[:removed].astype(np.int64)
+        freed = np.empty(removed, np.int64)
+        kb.forget(self.slots, CAP - 1, gone, self.mscore)
+        erase_keys(self.slots, CAP - 1, gone, freed)
+        self.free = np.concatenate([self.free, freed])
+        self.size -= removed
+
+    def take(self, out):
+        """The rows a call took (``out[0]``: free rows from the top, then fresh ones) and
+        its size after (``out[3]``)."""
+        from_free = min(out[0], self.free.shape[0])
+        self.free = self.free[:self.free.shape[0] - from_free]
+        self.fresh += out[0] - from_free
+        self.size = out[3]
 
     def copy(self):
         other = object.__new__(Table)
@@ -53,48 +72,64 @@ class Table:
     def common(self):
         return self.scores, self.mscore, self.mark, self.batch
 
-    def serial(self, keys, scores, clock, size):
+    def rows_then(self):
+        return self.free, self.free.shape[0], self.fresh, self.size
+
+    def serial(self, keys, scores, clock):
         keys = np.asarray(keys, np.int64)
         (slots, mask, keys), rows, where, new = self.start(keys)
         n = keys.shape[0]
         ev_k, ev_r = np.empty(n, np.int64), np.empty(n, np.int64)
         out = kb.bounded_insert(slots, mask, keys, scores, *self.common(), rows, where, new,
-                                np.empty(0, np.int64), 0, 0, size, self.limit, self.window,
-                                self.policy, 0, clock, False, ev_k, ev_r)
+                                *self.rows_then(), self.limit, self.window, self.policy, 0,
+                                clock, False, ev_k, ev_r)
         kb.restore_scores(slots, mask, keys, where, self.scores, self.mscore)
+        self.take(out)
         return rows, where, new, ev_k[:out[1]], ev_r[:out[1]], out
 
     def ranges(self, keys, scores, clock, n_ranges):
         (slots, mask, keys), rows, where, new = self.start(keys)
         n = keys.shape[0]
         ev_k, ev_r, late = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.bool_)
-        n_ev, made = kb.bounded_insert_ranges(
-            slots, mask, keys, scores, *self.common(), rows, where, new, n_ranges, self.limit,
-            self.window, self.policy, 0, clock, False, ev_k, ev_r, late)
+        out = kb.bounded_insert_ranges(
+            slots, mask, keys, scores, *self.common(), rows, where, new, *self.rows_then(),
+            n_ranges, self.limit, self.window, self.policy, 0, clock, False, ev_k, ev_r, late)
         kb.restore_scores(slots, mask, keys, where, self.scores, self.mscore)
-        return rows, where, new, ev_k[:n_ev], ev_r[:n_ev], made, late
+        self.take(out)
+        return rows, where, new, ev_k[:out[1]], ev_r[:out[1]], out, late
 
 
 def check_same_as_serial(table, keys, scores, n_ranges):
     a, b = table, table.copy()
-    rows, where, new, ev_k, ev_r, made, late = a.ranges(keys, scores, 5, n_ranges)
-    perm = np.concatenate([np.flatnonzero(~late), np.flatnonzero(late)])
-    rows_b, _, new_b, ev_kb, ev_rb, out = b.serial(keys[perm], scores[perm], 5, a.limit)
-    for name in ("slots", "scores", "mscore", "mark"):
+    full = a.size == a.limit
+    span = CAP // n_ranges          # each position's range: its key's slot, or home slot
+    at = [kb._find(a.slots, CAP - 1, key) for key in keys.tolist()]
+    home = np.array([(s if s >= 0 else first_slot(key, CAP - 1)) // span
+                     for s, key in zip(at, keys.tolist())], np.int64)
+    rows, where, new, ev_k, ev_r, out_a, late = a.ranges(keys, scores, 5, n_ranges)
+    by_range = np.argsort(home, kind="stable")
+    perm = np.concatenate([by_range[~late[by_range]], np.flatnonzero(late)])
+    rows_b, _, new_b, ev_kb, ev_rb, out = b.serial(keys[perm], scores[perm], 5)
+    for name in ("slots", "scores", "mscore", "mark", "free"):
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
     np.testing.assert_array_equal(rows[perm], rows_b)
     np.testing.assert_array_equal(new[perm], new_b)
-    assert made == out[2] and out[0] == 0 and out[3] == a.limit
+    assert tuple(out_a) == tuple(out[:4]) and a.fresh == b.fresh
+    if not full:                     # a fill evicts nothing and admits every key
+        assert out[1] == 0 and (rows >= 0).all() and ev_k.shape[0] == 0
+    else:
+        assert out[0] == 0 and out[3] == a.limit
     for key in np.unique(keys):     # a key's positions keep their batch order (its first
         at = perm[keys[perm] == key]        # admitted position is the one that inserts)
         assert (np.diff(at) > 0).all(), key
     # the serial pass evicts once for each insert into the full table, in its order:
     # the ranges report the same evictions in the order of the evicting positions
-    by_position = np.argsort(perm[new_b], kind="stable")
-    np.testing.assert_array_equal(ev_k, ev_kb[by_position])
-    np.testing.assert_array_equal(ev_r, ev_rb[by_position])
+    if full:                        # (in a full table the order of the ranges does not
+        by_position = np.argsort(perm[new_b], kind="stable")    # matter: no row is new)
+        np.testing.assert_array_equal(ev_k, ev_kb[by_position])
+        np.testing.assert_array_equal(ev_r, ev_rb[by_position])
     keys_now = a.slots[0::2][a.slots[1::2] >= 0]
-    assert keys_now.shape[0] == a.limit
+    assert keys_now.shape[0] == a.size
     ok = rows >= 0                   # every admitted key is in the table, found by its probe
     assert set(keys[ok].tolist()) <= set(keys_now.tolist())
     for key, row in zip(keys[ok].tolist(), rows[ok].tolist()):
@@ -133,6 +168,45 @@ def test_ranges_equal_the_serial_pass_on_large_random_calls():
         scores = rng.integers(0, 9, n)
         deferred += check_same_as_serial(table, keys.astype(np.int64), scores, n_ranges).sum()
     assert deferred > 1000         # the ranges' ends were in play
+
+
+FILL = dict(limit=200, size=60, removed=15)     # 45 keys: a call of <= 155 new keys
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(key_st, min_size=1, max_size=120), st.sampled_from([1, 2, 4, 8]),
+       st.sampled_from([2, 4, 8, 16]), st.sampled_from(sorted(kb.POLICIES.values())),
+       st.integers(0, 3), st.data())
+def test_a_fill_in_ranges_equals_the_serial_pass_on_the_reordered_call(keys, window, n_ranges,
+                                                                      policy, seed, data):
+    """A call that cannot fill the table (its size plus the call's absent positions at
+    most the limit) runs in ranges too: the new keys take the free rows (top down) and
+    then fresh ones, range by range (a range's in batch order), the deferred last."""
+    table = Table(window, policy, seed, **FILL)
+    present = table.slots[0::2][table.slots[1::2] >= 0]
+    extra = data.draw(st.lists(st.sampled_from(present.tolist()), max_size=40))
+    keys = np.array(keys + extra, np.int64)
+    keys = keys[np.random.default_rng(seed).permutation(keys.shape[0])]
+    scores = np.array(data.draw(st.lists(st.integers(0, 9), min_size=keys.shape[0],
+                                         max_size=keys.shape[0])), np.int64)
+    size = table.size
+    check_same_as_serial(table, keys, scores, n_ranges)
+    assert table.size == size + len(set(keys.tolist()) - set(present.tolist()))
+
+
+def test_fills_in_ranges_equal_the_serial_pass_on_large_random_calls():
+    """Fills where many keys' probe sequences or windows reach a range's end."""
+    rng = np.random.default_rng(8)
+    deferred = 0
+    for ex in range(200):
+        window, n_ranges = [1, 2, 4, 8][ex % 4], [2, 4, 8, 16][ex // 4 % 4]
+        policy = sorted(kb.POLICIES.values())[ex // 16 % 5]
+        table = Table(window, policy, ex, **FILL)
+        n = int(rng.integers(100, 155))
+        keys = np.where(rng.random(n) < 0.05, rng.choice(POOL, n), rng.integers(-300, 300, n))
+        deferred += check_same_as_serial(table, keys.astype(np.int64), rng.integers(0, 9, n),
+                                         n_ranges).sum()
+    assert deferred > 500
 
 
 def test_a_range_that_defers_many_keys_defers_every_new_key_after():

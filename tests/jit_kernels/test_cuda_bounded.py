@@ -9,7 +9,7 @@ import pytest
 from jit_kernels import bounded as kb
 from jit_kernels.slots import first_slot
 from tests.cuda_support import needs_cuda
-from tests.jit_kernels.test_bounded_ranges import CAP, POOL, Table
+from tests.jit_kernels.test_bounded_ranges import CAP, FILL, POOL, Table
 
 pytestmark = [pytest.mark.cuda, needs_cuda]
 STATE = ("slots", "scores", "mscore", "mark")
@@ -34,16 +34,15 @@ def run(table, keys, scores, clock, n_ranges, drivers, to_device):
     drivers.find_present(d["slots"], CAP - 1, keys_d, rows, where, d["mscore"], d["mark"],
                          table.batch)
     args = (d["slots"], CAP - 1, keys_d, scores_d, d["scores"], d["mscore"], d["mark"],
-            table.batch, rows, where, new)
+            table.batch, rows, where, new, to_device(np.concatenate([table.free, [-1]])),
+            table.free.shape[0], table.fresh, table.size)
     if n_ranges:
         out = drivers.bounded_insert_ranges(*args, n_ranges, table.limit, table.window,
                                             table.policy, 3, clock, False, ev_k, ev_r, late)
-        n_ev = out[0]
     else:
-        out = drivers.bounded_insert(*args, to_device(np.empty(1, np.int64)), 0, 0, table.limit,
-                                     table.limit, table.window, table.policy, 3, clock, False,
-                                     ev_k, ev_r)
-        n_ev = out[1]
+        out = drivers.bounded_insert(*args, table.limit, table.window, table.policy, 3, clock,
+                                     False, ev_k, ev_r)
+    n_ev = out[1]
     drivers.restore_scores(d["slots"], CAP - 1, keys_d, where, d["scores"], d["mscore"])
     host = (lambda a: a) if drivers is kb else (lambda a: a.copy_to_host())
     got = {name: host(a) for name, a in d.items()}
@@ -84,6 +83,25 @@ def test_same_as_the_cpu_on_random_calls(kbc, n_ranges):
         deferred += want.get("late", np.zeros(1, bool)).sum()
         evicted += want["ev_k"].shape[0]
     assert evicted > 100 and (deferred > 10 or not n_ranges)
+
+
+@pytest.mark.parametrize("n_ranges", [0, 4])
+def test_same_as_the_cpu_while_the_table_fills(kbc, n_ranges):
+    """Calls that cannot fill the table (rows handed out after the ranges, on the
+    device a thread a position): free rows, tombstones, repeats, present keys."""
+    rng = np.random.default_rng(10 + n_ranges)
+    deferred = 0
+    for ex in range(3):
+        table = Table([1, 4, 16][ex], sorted(kb.POLICIES.values())[2 * ex], ex,
+                      **FILL)
+        n = int(rng.integers(100, 150))
+        keys = np.where(rng.random(n) < 0.1, rng.choice(POOL, n), rng.integers(-300, 300, n))
+        present = table.slots[0::2][table.slots[1::2] >= 0]
+        keys = np.concatenate([keys, rng.choice(present, 5)]).astype(np.int64)
+        want = check_same(table, keys, rng.integers(0, 9, keys.shape[0]), n_ranges, kbc)
+        assert want["out"][0] > 50 and want["out"][1] == 0    # rows taken, none evicted
+        deferred += want.get("late", np.zeros(1, bool)).sum()
+    assert deferred > 5 or not n_ranges
 
 
 def test_same_as_the_cpu_when_a_range_defers_past_its_list(kbc):

@@ -347,3 +347,42 @@ def test_evictions_do_not_depend_on_threads(monkeypatch, ranges):
     assert k1.shape[0] == 500
     np.testing.assert_array_equal(np.sort(k1), np.sort(k2))
     np.testing.assert_array_equal(tables[0].shards[0].slots, tables[1].shards[0].slots)
+
+
+@pytest.mark.parametrize("policy", ["lfu", "custom"])
+def test_a_fill_in_ranges_holds_what_the_serial_pass_holds(monkeypatch, policy):
+    """Large calls into a table they cannot fill run in ranges of the index
+    (``bounded_insert_ranges``): the same keys, values and scores as the serial pass
+    (rows and layout may differ: a range's deferred keys come last); the call that
+    fills the table runs serially."""
+    monkeypatch.setattr(kb, "RANGE_SLOTS", 64)
+    wide = []
+    monkeypatch.setattr(kb, "bounded_insert_ranges",
+                        lambda *a, f=kb.bounded_insert_ranges: wide.append(a[14]) or f(*a))
+    rng = np.random.default_rng(6)
+    extremes = np.array([INT64_MIN, INT64_MAX, -1, 0], np.int64)
+    calls = [np.concatenate([extremes, rng.integers(-2**40, 2**40, 300),
+                             rng.integers(0, 50, 100)]) for _ in range(3)]
+    tables = [ne.Variable(2, max_capacity=1000, evict=policy, evict_window=2)
+              for _ in range(2)]
+    assert kb.ranges_for(tables[0].shards[0].capacity, 2) > 1
+    for j, ids in enumerate(calls):
+        sc = {"scores": rng.integers(0, 9, ids.shape[0])} if policy == "custom" else {}
+        if j == 1:
+            tables[0].remove(calls[0][:50])                   # free rows, tombstones
+            tables[1].remove(calls[0][:50])
+        out = []
+        for t, least in zip(tables, (10**9, 64)):             # serial, then in ranges
+            monkeypatch.setattr(kb, "RANGES_MIN", least)
+            out.append(t.find_or_insert(ids, return_exists=True, **sc))
+        for a, b in zip(*out):
+            np.testing.assert_array_equal(a, b)
+        (k1, s1), (k2, s2) = (t.export("score") for t in tables)
+        assert dict(zip(k1.tolist(), s1[:, 0].tolist())) == \
+            dict(zip(k2.tolist(), s2[:, 0].tolist()))
+        (k1, v1), (k2, v2) = (t.export() for t in tables)
+        np.testing.assert_array_equal(v1[np.argsort(k1)], v2[np.argsort(k2)])
+    assert len(wide) == 3 and 0 == wide[0] < wide[1] < wide[2] < 1000   # sizes: fills
+    last = rng.integers(-2**40, 2**40, 500)                  # fills it: the serial pass
+    tables[1].find_or_insert(last)
+    assert len(wide) == 3 and tables[1].size() == 1000

@@ -89,17 +89,20 @@ def test_optimizer_steps_on_the_device_match_the_cpu(rule):
         np.testing.assert_array_equal(host(ev[1][name]), col, err_msg=name)
 
 
-def test_a_full_table_runs_its_ranges_as_the_cpu_does(monkeypatch):
-    """Batches into a full table cut into ranges (thresholds lowered: the simulator's
-    block-wide scans take seconds a launch on 2,000 positions)."""
+def test_a_table_runs_its_ranges_as_the_cpu_does(monkeypatch):
+    """Batches into a filling table and a full one cut into ranges (thresholds
+    lowered: the simulator's block-wide scans take seconds a launch on 2,000
+    positions)."""
     monkeypatch.setattr(kb, "RANGES_MIN", 64)
     monkeypatch.setattr(kb, "RANGE_SLOTS", 64)
     gpu, cpu = pair(max_capacity=250, evict="lru", evict_window=2)
     assert kb.ranges_for(cpu.shards[0].capacity, 2) == 4
     rng = np.random.default_rng(2)
     fill = rng.integers(-2**40, 2**40, 300)
-    gpu.find_or_insert(fill)
-    cpu.find_or_insert(fill)
+    for part in (fill[:200], fill[200:]):       # a fill in ranges, then the serial pass
+        gpu.find_or_insert(part)                # (the call that fills the table)
+        cpu.find_or_insert(part)
+    same_state(gpu, cpu)
     for _ in range(2):
         keys = np.concatenate([EXTREMES, rng.integers(-2**40, 2**40, 100), fill[:40]])
         want = cpu.find_or_insert(keys, return_evicted=True)
