@@ -167,9 +167,11 @@ def find_present(slots, mask, keys, rows, where, mscore, mark, batch):
     :func:`bounded_insert`)."""
     n = keys.shape[0]
     for i in prange(n):
-        if i + AHEAD < n:           # the home slot AHEAD keys on; AHEAD / 2 on, the slot
-            prefetch_read(slots, 16 * first_slot(keys[i + AHEAD], mask))   # copies a
-        if i + AHEAD // 2 < n:                                  # present key gets
+        # requested ahead: the home slot of the key AHEAD on and, AHEAD / 2 on, the
+        # slot's score copy and mark if the key sits there
+        if i + AHEAD < n:
+            prefetch_read(slots, 16 * first_slot(keys[i + AHEAD], mask))
+        if i + AHEAD // 2 < n:
             h = first_slot(keys[i + AHEAD // 2], mask)
             if slots[2 * h] == keys[i + AHEAD // 2]:
                 prefetch_write(mark, 8 * h)
@@ -210,8 +212,9 @@ def restore_scores(slots, mask, keys, where, scores, mscore):
     a key that an eviction moved back is found again)."""
     n = where.shape[0]
     for i in prange(n):
-        if i + AHEAD < n and where[i + AHEAD] >= 0:     # the slot AHEAD keys on; AHEAD
-            prefetch_read(slots, 16 * where[i + AHEAD])  # / 2 on, its key's score
+        # requested ahead: the slot of the key AHEAD on and, AHEAD / 2 on, its score
+        if i + AHEAD < n and where[i + AHEAD] >= 0:
+            prefetch_read(slots, 16 * where[i + AHEAD])
             prefetch_write(mscore, 8 * where[i + AHEAD])
         if i + AHEAD // 2 < n and where[i + AHEAD // 2] >= 0:
             r = slots[2 * where[i + AHEAD // 2] + 1]
@@ -307,9 +310,8 @@ def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, rows
     cannot fill in this call, see :func:`bounded_insert_ranges`): a new key's row is
     its slot for now, and a new key whose probe sequence reaches ``hi`` is deferred.
     Returns ``(rows taken, keys evicted, tombstones made minus consumed, size after,
-    positions deferred)``.  One body for
-    the CPU and the GPU (:mod:`jit_kernels.cuda_bounded`; its prefetches are no-ops
-    there)."""
+    positions deferred)``.  One body for the CPU and the GPU
+    (:mod:`jit_kernels.cuda_bounded`; its prefetches are no-ops there)."""
     taken = 0
     n_ev = 0
     d_deleted = 0
@@ -473,10 +475,10 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
     (:func:`range_rows`).  The result is that of :func:`bounded_insert` on the call's
     positions reordered by range (ranges in index order, a range's positions in batch
     order), the deferred ones last (ranges touch disjoint slots, rows and scores): it
-    depends on the table and the call only.
-    ``deferred`` (n,) receives which positions were; the evictions are reported in
-    the order of the positions that made them.  Returns ``(rows taken, keys evicted,
-    tombstones made minus consumed, size after)``.
+    depends on the table and the call only.  ``deferred`` (n,) receives which
+    positions were; the evictions are reported in the order of the positions that
+    made them.  Returns ``(rows taken, keys evicted, tombstones made minus consumed,
+    size after)``.
     """
     n = keys.shape[0]
     fill = size < limit
@@ -652,15 +654,16 @@ def accum_apply(order, starts, touch, touch_rows, present, values, old, new, exi
     gets the row touched (or -1), ``inserted[p]`` marks the inserting position.
     16-bit rows add in float32 and round once (:mod:`jit_kernels.halfs`)."""
     for g in range(starts.shape[0] - 1):
-        apply_group(order, starts, touch, touch_rows, present, values, old, new, exists,
-                    rows, inserted, g)
+        apply_group(order, starts, touch, touch_rows, present, values, values,
+                    values.shape[0], old, new, exists, rows, inserted, g)
 
 
 @njit(nogil=True, cache=True)
-def apply_group(order, starts, touch, touch_rows, present, values, old, new, exists, rows,
-                inserted, g):
+def apply_group(order, starts, touch, touch_rows, present, values, spill, split, old, new,
+                exists, rows, inserted, g):
     """:func:`accum_apply` for group ``g`` (groups touch disjoint rows: a GPU runs them
-    a thread each)."""
+    a thread each; rows from ``split`` on are ``spill``'s, from its row 0: a GPU's
+    hybrid storage, see :class:`jit_kernels.cuda_table.SplitRows`)."""
     r = touch_rows[g]
     live = present[order[starts[g]]]
     for j in range(starts[g], starts[g + 1]):
@@ -669,7 +672,7 @@ def apply_group(order, starts, touch, touch_rows, present, values, old, new, exi
         inserted[p] = False
         if r < 0:
             continue
-        row = values[r]
+        row = values[r] if r < split else spill[r - split]
         if not live and p == touch[g]:
             for c in range(row.shape[0]):
                 store(row, c, new[p, c])

@@ -121,11 +121,11 @@ def add_kernels(kernels, cuda_module, body, copy_row, init_cols, init_both):
             plan_group(order, starts, present, exists, touch, g)
 
     @kernel
-    def accum_apply(order, starts, touch, touch_rows, present, values, old, new, exists, rows,
-                    inserted):
+    def accum_apply(order, starts, touch, touch_rows, present, values, spill, split, old, new,
+                    exists, rows, inserted):
         for g in range(cuda.grid(1), touch.shape[0], cuda.gridsize(1)):
-            apply_group(order, starts, touch, touch_rows, present, values, old, new, exists,
-                        rows, inserted, g)
+            apply_group(order, starts, touch, touch_rows, present, values, spill, split, old,
+                        new, exists, rows, inserted, g)
 
     @kernel
     def acting(touch, act):
@@ -184,15 +184,17 @@ def add_kernels(kernels, cuda_module, body, copy_row, init_cols, init_both):
             ev_keys[j], ev_rows[j] = ek[sel[j]], er[sel[j]]
 
     @kernel
-    def init_copy(values, rows, keys, inserted, present, out, kind, a, b, seed, const, log_t):
+    def init_copy(values, spill, split, rows, keys, inserted, present, out, kind, a, b, seed,
+                  const, log_t):
         tid = cuda.grid(1)
         lane, lanes = tid & ((1 << log_t) - 1), 1 << log_t
         for i in range(tid >> log_t, keys.shape[0], cuda.gridsize(1) >> log_t):
             r = rows[i]
             if inserted[i]:
-                init_both(values[r], out[i], keys[i], kind, a, b, seed, const, lane, lanes)
+                init_both(values[r] if r < split else spill[r - split], out[i], keys[i], kind,
+                          a, b, seed, const, lane, lanes)
             elif present[i]:
-                copy_row(values[r], out[i], lane, lanes)
+                copy_row(values[r] if r < split else spill[r - split], out[i], lane, lanes)
             else:
                 init_cols(out[i], keys[i], kind, a, b, seed, const, lane, lanes)
 
@@ -329,7 +331,7 @@ def accum_apply(order, starts, touch, touch_rows, present, values, old, new, exi
                 inserted):
     """See :func:`jit_kernels.bounded.accum_apply` (a thread a group)."""
     ct._go(_k().bounded_accum_apply, touch.shape[0], order, starts, touch, touch_rows, present,
-           values, old, new, exists, rows, inserted)
+           *ct._split(values), old, new, exists, rows, inserted)
 
 
 def acting_positions(touch, n):
@@ -349,6 +351,7 @@ def group_rows(touch, at, rows, out):
 
 
 def init_copy(values, rows, keys, inserted, present, out, kind, a, b, seed, const):
-    """See :func:`jit_kernels.bounded.init_copy` (``values`` a device array, not split)."""
-    ct._rows(_k().bounded_init_copy, keys.shape[0], out.shape[1], values, rows, keys,
-             inserted, present, out, kind, a, b, seed, const)
+    """See :func:`jit_kernels.bounded.init_copy` (``values`` a device array or
+    :class:`jit_kernels.cuda_table.SplitRows`)."""
+    ct._rows(_k().bounded_init_copy, keys.shape[0], out.shape[1], *ct._split(values), rows,
+             keys, inserted, present, out, kind, a, b, seed, const)

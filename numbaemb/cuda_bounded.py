@@ -8,8 +8,9 @@ scores and values that a CPU one holds after the same calls.  ``last_evicted``
 holds device arrays.  Speed: a call's pass runs on one GPU thread per range of the
 index (``bounded_insert_ranges``) when the table is full or the call cannot fill it,
 and on one thread for the call that fills it or calls under ``RANGES_MIN`` keys
-(unmeasured: no GPU yet).  Not here (yet): hybrid storage (``max_hbm_bytes``);
-admission filters and ``steps_to_live`` work as on any CUDA table.
+(unmeasured: no GPU yet).  Hybrid storage (``max_hbm_bytes``) splits every column
+but the scores (device memory, beside the index) as on any CUDA shard; admission
+filters and ``steps_to_live`` work as on any CUDA table.
 
 Example (needs a GPU or the simulator, so not a doctest)::
 
@@ -32,11 +33,13 @@ class CudaBoundedShard(BoundedRows, CudaShard):
     """A :class:`CudaShard` that never holds more than ``limit`` keys."""
 
     _bk = kbc
+    _device_columns = (SCORE,)     # hybrid storage: the scores stay beside the index
 
     def __init__(self, dim, dtype, init, limit, policy="lru", window=32, init_size=0,
-                 device=0):
+                 device=0, max_hbm_bytes=None):
         self._bounds(limit, policy, window)
-        super().__init__(dim, dtype, init, min(int(init_size), self.limit), device)
+        super().__init__(dim, dtype, init, min(int(init_size), self.limit), device,
+                         max_hbm_bytes)
         self.add_column(SCORE, 1, np.int64, (ZEROS, 0.0, 0.0, 0, np.zeros(1)))
 
     # ---- arrays on the device (BoundedRows' hooks) ------------------------------------

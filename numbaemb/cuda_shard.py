@@ -17,7 +17,9 @@ device memory and the rows after them in pinned host memory mapped into the
 device's address space; the same kernels read and write both (see
 :class:`jit_kernels.cuda_table.SplitRows`).  ``hbm_rows`` is the most rows
 whose bytes (all columns, at creation) fit in ``max_hbm_bytes``; the hash
-index always lives in device memory and is not counted.
+index always lives in device memory and is not counted, nor are the columns a
+subclass names in ``_device_columns`` (a bounded shard's scores, read beside the
+index).
 """
 import numpy as np
 
@@ -37,6 +39,7 @@ class CudaShard(IndexedRows):
     """
 
     _kernels = k
+    _device_columns = ()     # columns kept whole in device memory in hybrid mode
 
     def __init__(self, dim, dtype, init, init_size=0, device=0, max_hbm_bytes=None):
         self.cuda = k.cuda_api()
@@ -67,14 +70,16 @@ class CudaShard(IndexedRows):
     def _hbm_rows(self):
         if self.max_hbm_bytes is None:
             return None
-        per_row = sum(w * dt.itemsize for w, dt in self._widths.values())
+        per_row = sum(w * dt.itemsize for name, (w, dt) in self._widths.items()
+                      if name not in self._device_columns)
         return max(1, self.max_hbm_bytes // per_row)
 
-    def _new_column(self, n_rows, width, dtype):
-        """Storage for ``n_rows`` rows: a device array, or a SplitRows past the budget."""
+    def _new_column(self, n_rows, width, dtype, name="values"):
+        """Storage for ``n_rows`` rows of column ``name``: a device array, or a SplitRows
+        past the budget."""
         n_rows = max(1, n_rows)
         hbm = self._hbm_rows()
-        if hbm is None or n_rows <= hbm:
+        if hbm is None or n_rows <= hbm or name in self._device_columns:
             return self.cuda.device_array((n_rows, width), dtype)
         tail = self.cuda.mapped_array((n_rows - hbm, width), dtype)
         return k.SplitRows(self.cuda.device_array((hbm, width), dtype), tail)
@@ -109,7 +114,7 @@ class CudaShard(IndexedRows):
         self.fresh = 0
         for name, col in self.columns.items():
             width, dtype = self._widths[name]
-            col.data = self._new_column(self._init_size, width, dtype)
+            col.data = self._new_column(self._init_size, width, dtype, name)
 
     @property
     def free_rows(self):
@@ -128,7 +133,7 @@ class CudaShard(IndexedRows):
             raise ValueError(f"column {name!r} already exists")
         with self.on():
             self._widths[name] = (width, np.dtype(dtype))
-            data = self._new_column(self.values.shape[0], width, dtype)
+            data = self._new_column(self.values.shape[0], width, dtype, name)
             col = self.columns[name] = Column(data, self._device_init(init))
             if not self.n_full:          # (no keys: no export, whose scans cost most in
                 return                   # the simulator)
@@ -151,7 +156,7 @@ class CudaShard(IndexedRows):
         new_cap = max(need, int(have * ROW_GROWTH) + 8)
         for name, col in self.columns.items():
             width, dtype = self._widths[name]
-            data = self._new_column(new_cap, width, dtype)
+            data = self._new_column(new_cap, width, dtype, name)
             self._copy_rows(data, col.data, self.fresh)
             col.data = data
 

@@ -157,7 +157,7 @@ class Variable:
         self.device = "cpu" if device_id is None else f"cuda:{device_id}"
         self.max_hbm_bytes = max_hbm_bytes
         self.max_capacity, self.evict, self.evict_window = _bounds(
-            max_capacity, evict, evict_window, self.num_shards, max_hbm_bytes)
+            max_capacity, evict, evict_window, self.num_shards)
         self._clock, self._epoch, self._last_step = 0, None, 0
         if admit is not None and not (hasattr(admit, "count") and hasattr(admit, "min_count")):
             raise TypeError(f"admit must be None or an admission filter (numbaemb.admission."
@@ -168,7 +168,7 @@ class Variable:
             self._arrays = DeviceArrays(device_id)
             self.shards = [CudaBoundedShard(self.dim, self._store, params, self.max_capacity,
                                             self.evict, self.evict_window, init_size,
-                                            device_id)]
+                                            device_id, max_hbm_bytes)]
         elif self.max_capacity is not None:
             from .bounded import BoundedShard
             self._arrays = HostArrays()
@@ -562,7 +562,7 @@ def get_variable(name, dim, **kwargs) -> Variable:
     return old
 
 
-def _bounds(max_capacity, evict, window, num_shards, max_hbm_bytes):
+def _bounds(max_capacity, evict, window, num_shards):
     """Checked ``(max_capacity, evict, window)`` of a bounded table (None, ... if not)."""
     from .bounded import POLICIES
     if evict not in POLICIES:
@@ -574,8 +574,4 @@ def _bounds(max_capacity, evict, window, num_shards, max_hbm_bytes):
     if num_shards != 1:
         raise ValueError(f"a bounded table (max_capacity) has one shard (its kernels run in "
                          f"parallel within it), got num_shards={num_shards}")
-    if max_hbm_bytes is not None:
-        raise NotImplementedError("a bounded table (max_capacity) keeps its rows in device "
-                                  "memory: max_hbm_bytes (hybrid storage) is not supported "
-                                  "with it yet")
     return max_capacity, evict, window

@@ -116,6 +116,10 @@ def workload():
     b.remove(np.arange(10))
     b.accum(keys, np.zeros((keys.size, 3), np.float32), np.ones((keys.size, 3), np.float32),
             np.arange(keys.size) % 2 == 0)
+    h = ne.Variable(3, device="cuda", max_capacity=20, max_hbm_bytes=24)   # hybrid storage
+    h.find_or_insert(np.arange(30), return_evicted="columns")
+    h.accum(keys, np.zeros((keys.size, 3), np.float32), np.ones((keys.size, 3), np.float32),
+            np.arange(keys.size) % 2 == 0)
     f = ne.Variable(2, device="cuda", admit=ne.admission.CounterFilter(min_count=2))
     for _ in range(2):          # an admission filter: positions taken and put back
         f.find_or_insert(ids)

@@ -9,6 +9,7 @@ end (deferred by the window, the probe sequence or the vacated run); keys includ
 extremes, repeats and keys present when the call starts; every policy, custom scores.
 """
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -138,51 +139,20 @@ def check_same_as_serial(table, keys, scores, n_ranges):
     return late
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(key_st, min_size=1, max_size=120), st.sampled_from([1, 2, 4, 8]),
-       st.sampled_from([2, 4, 8, 16]), st.sampled_from(sorted(kb.POLICIES.values())),
-       st.integers(0, 3), st.data())
-def test_ranges_equal_the_serial_pass_on_the_reordered_call(keys, window, n_ranges, policy,
-                                                           seed, data):
-    table = Table(window, policy, seed)
-    present = table.slots[0::2][table.slots[1::2] >= 0]
-    extra = data.draw(st.lists(st.sampled_from(present.tolist()), max_size=40))
-    keys = np.array(keys + extra, np.int64)
-    keys = keys[np.random.default_rng(seed).permutation(keys.shape[0])]
-    scores = np.array(data.draw(st.lists(st.integers(0, 9), min_size=keys.shape[0],
-                                         max_size=keys.shape[0])), np.int64)
-    check_same_as_serial(table, keys, scores, n_ranges)
-
-
-def test_ranges_equal_the_serial_pass_on_large_random_calls():
-    """Ranges interact only when a kernel lets one reach past its end, and that takes a
-    particular layout: many calls of 120-200 keys (most of them evict), every policy."""
-    rng = np.random.default_rng(7)
-    deferred = 0
-    for ex in range(400):
-        window, n_ranges = [1, 2, 4, 8][ex % 4], [2, 4, 8, 16][ex // 4 % 4]
-        policy = sorted(kb.POLICIES.values())[ex // 16 % 5]
-        table = Table(window, policy, ex, limit=(LIMIT, 160)[ex % 2])
-        n = int(rng.integers(120, 200))
-        keys = np.where(rng.random(n) < 0.05, rng.choice(POOL, n), rng.integers(-300, 300, n))
-        scores = rng.integers(0, 9, n)
-        deferred += check_same_as_serial(table, keys.astype(np.int64), scores, n_ranges).sum()
-    assert deferred > 1000         # the ranges' ends were in play
-
-
 FILL = dict(limit=200, size=60, removed=15)     # 45 keys: a call of <= 155 new keys
 
 
+@pytest.mark.parametrize("fill", [False, True])
 @settings(max_examples=60, deadline=None)
 @given(st.lists(key_st, min_size=1, max_size=120), st.sampled_from([1, 2, 4, 8]),
        st.sampled_from([2, 4, 8, 16]), st.sampled_from(sorted(kb.POLICIES.values())),
        st.integers(0, 3), st.data())
-def test_a_fill_in_ranges_equals_the_serial_pass_on_the_reordered_call(keys, window, n_ranges,
-                                                                      policy, seed, data):
-    """A call that cannot fill the table (its size plus the call's absent positions at
-    most the limit) runs in ranges too: the new keys take the free rows (top down) and
-    then fresh ones, range by range (a range's in batch order), the deferred last."""
-    table = Table(window, policy, seed, **FILL)
+def test_ranges_equal_the_serial_pass_on_the_reordered_call(fill, keys, window, n_ranges,
+                                                           policy, seed, data):
+    """Into a full table, and into one the call cannot fill (its size plus the call's
+    absent positions at most the limit: the new keys take the free rows, top down, and
+    then fresh ones, range by range, a range's in batch order, the deferred last)."""
+    table = Table(window, policy, seed, **(FILL if fill else {}))
     present = table.slots[0::2][table.slots[1::2] >= 0]
     extra = data.draw(st.lists(st.sampled_from(present.tolist()), max_size=40))
     keys = np.array(keys + extra, np.int64)
@@ -191,22 +161,26 @@ def test_a_fill_in_ranges_equals_the_serial_pass_on_the_reordered_call(keys, win
                                          max_size=keys.shape[0])), np.int64)
     size = table.size
     check_same_as_serial(table, keys, scores, n_ranges)
-    assert table.size == size + len(set(keys.tolist()) - set(present.tolist()))
+    new = len(set(keys.tolist()) - set(present.tolist()))
+    assert table.size == (size + new if fill else size)
 
 
-def test_fills_in_ranges_equal_the_serial_pass_on_large_random_calls():
-    """Fills where many keys' probe sequences or windows reach a range's end."""
-    rng = np.random.default_rng(8)
+@pytest.mark.parametrize("fill", [False, True])
+def test_ranges_equal_the_serial_pass_on_large_random_calls(fill):
+    """Ranges interact only when a kernel lets one reach past its end, and that takes a
+    particular layout: many calls of 100-200 keys (into a full table most of them
+    evict), every policy."""
+    rng = np.random.default_rng(7 + fill)
     deferred = 0
-    for ex in range(200):
+    for ex in range(200 if fill else 400):
         window, n_ranges = [1, 2, 4, 8][ex % 4], [2, 4, 8, 16][ex // 4 % 4]
         policy = sorted(kb.POLICIES.values())[ex // 16 % 5]
-        table = Table(window, policy, ex, **FILL)
-        n = int(rng.integers(100, 155))
+        table = Table(window, policy, ex, **(FILL if fill else {"limit": (LIMIT, 160)[ex % 2]}))
+        n = int(rng.integers(100, 155) if fill else rng.integers(120, 200))
         keys = np.where(rng.random(n) < 0.05, rng.choice(POOL, n), rng.integers(-300, 300, n))
-        deferred += check_same_as_serial(table, keys.astype(np.int64), rng.integers(0, 9, n),
-                                         n_ranges).sum()
-    assert deferred > 500
+        scores = rng.integers(0, 9, n)
+        deferred += check_same_as_serial(table, keys.astype(np.int64), scores, n_ranges).sum()
+    assert deferred > (500 if fill else 1000)       # the ranges' ends were in play
 
 
 def test_a_range_that_defers_many_keys_defers_every_new_key_after():
