@@ -101,9 +101,8 @@ def add_kernels(kernels, cuda_module, body, copy_row, init_cols, init_both):
     @kernel
     def fill_rows(starts, base, slots, rows, where, inserted, deferred, scores, mscore,
                   free_rows, n_free, fresh_start):
-        """Thread g: :func:`jit_kernels.bounded.range_rows` of range g."""
-        g = cuda.grid(1)
-        if g < starts.shape[0] - 1:
+        """:func:`jit_kernels.bounded.range_rows`, a thread a range."""
+        for g in range(cuda.grid(1), starts.shape[0] - 1, cuda.gridsize(1)):
             range_rows(starts, g, base, slots, rows, where, inserted, deferred, scores, mscore,
                        free_rows, n_free, fresh_start)
 
@@ -291,9 +290,8 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
     taken = int(res[:, 0].sum()) if fill else 0
     if fill:                        # the new rows, a thread a range
         base = np.concatenate([[0], np.cumsum(res[:-1, 0])]).astype(np.int64)
-        K.bounded_fill_rows[max(1, -(-n_ranges // ct._Launch.threads)), ct._Launch.threads](
-            starts, cuda.to_device(base), slots, r2, w2, new2, late2, scores, mscore,
-            free_rows, n_free, fresh_start)
+        ct._go(K.bounded_fill_rows, n_ranges, starts, cuda.to_device(base), slots, r2, w2,
+               new2, late2, scores, mscore, free_rows, n_free, fresh_start)
     late_pos = cuda.device_array(n, np.int64)
     ct._go(K.bounded_from_ranges, n, order, r2, w2, new2, late2, rows, where, inserted,
            deferred, late_pos)
