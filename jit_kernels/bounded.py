@@ -490,8 +490,7 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
     for t in prange(n):
         i = order[t]
         k2[t], g2[t], r2[t], w2[t] = keys[i], given[i], rows[i], where[i]
-    if fill:
-        for t in prange(n):
+        if fill:
             slot_row_one(r2, w2, scores, mscore, t)
     # evictions: range g's from starts[g] on, the deferred positions' from n on
     ek, er, ep = np.empty(2 * n, np.int64), np.empty(2 * n, np.int64), np.empty(2 * n, np.int64)
