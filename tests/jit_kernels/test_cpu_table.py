@@ -173,11 +173,13 @@ def test_init_gather_repeats_never_read_an_unwritten_row():
     n = 1 << 16
     keys = batch(np.arange(n) * 7919 - (n // 2))
     rows = np.concatenate([np.arange(n), np.arange(n)]).astype(np.int64)
-    inserted = np.concatenate([np.zeros(n, np.bool_), np.ones(n, np.bool_)])
     both = np.concatenate([keys, keys])
     want = np.empty((n, DIM), np.float32)
     k.init_rows(want, np.arange(n, dtype=np.int64), keys, np.ones(n, np.bool_), *INIT)
     for fresh_start in (0, n // 2):
+        # the second copy of each key inserts it, unless its row existed before the batch
+        # (the kernel's contract: every inserted row is >= fresh_start)
+        inserted = np.concatenate([np.zeros(n, np.bool_), np.arange(n) >= fresh_start])
         values = np.full((n, DIM), -9.0, np.float32)
         values[:fresh_start] = want[:fresh_start]      # rows that existed before the batch
         out = np.empty((2 * n, DIM), np.float32)
