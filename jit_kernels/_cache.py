@@ -14,7 +14,8 @@ registers unhashed, so that editing its pure-Python files costs no recompile.
 
 It does so by putting, ahead of Numba's own cache locators, subclasses of them
 that only answer for files under a registered directory and add that hash to
-the stamp; the cache files stay where Numba puts them.  With
+the stamp, and stamp the function's own file by its contents (so cache files can
+move: :mod:`jit_kernels.prebuilt`); the cache files stay where Numba puts them.  With
 ``NUMBA_CACHE_LOCATOR_CLASSES`` set, or a Numba without these classes, Numba's
 own locators apply unchanged.
 
@@ -31,15 +32,21 @@ _HASHED = []            # those whose sources make the fingerprint
 _BASES = ("UserProvidedCacheLocator", "InTreeCacheLocator", "UserWideCacheLocator")
 
 
+# files of jit_kernels that define and inline no compiled code (build and cache
+# plumbing): editing them must not recompile every kernel
+_NO_KERNELS = ("_build.py", "_cache.py", "prebuilt.py")
+
+
 def _sources(dirs):
-    """The ``.py`` files directly in ``dirs``, sorted."""
+    """The ``.py`` files directly in ``dirs`` (but :data:`_NO_KERNELS`), sorted."""
     out = []
     for d in dirs:
         try:
             names = os.listdir(d)
         except OSError:
             continue
-        out.extend(os.path.join(d, n) for n in names if n.endswith(".py"))
+        out.extend(os.path.join(d, n) for n in names
+                   if n.endswith(".py") and n not in _NO_KERNELS)
     return sorted(out)
 
 
@@ -86,7 +93,14 @@ class _PackageStamp:
         return super().from_function(py_func, py_file)
 
     def get_source_stamp(self):
-        return (super().get_source_stamp(), fingerprint())
+        # the file's contents, not its mtime (older Numbas stamp with the mtime): cache
+        # files stay valid wherever the package is installed (:mod:`jit_kernels.prebuilt`)
+        try:
+            st = os.stat(self._py_file)
+            own = _hash_files(((self._py_file, st.st_mtime_ns, st.st_size),))
+        except OSError:
+            own = super().get_source_stamp()
+        return (own, fingerprint())
 
 
 def _locators():
