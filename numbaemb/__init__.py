@@ -26,6 +26,10 @@ from jit_kernels._cache import register as _register  # noqa: E402
 
 _register(_os.path.dirname(_os.path.abspath(__file__)), hashed=False)
 
+from jit_kernels import prebuilt as _prebuilt  # noqa: E402
+
+_prebuilt.seed()        # kernels a wheel build compiled: into Numba's cache, once
+
 from . import initializers, policies  # noqa: E402
 from ._memory import aligned_empty, is_aligned  # noqa: E402
 from .sharding import default_partitioner  # noqa: E402
