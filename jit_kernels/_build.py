@@ -42,8 +42,9 @@ def prebuild(build_lib, timeout=3600):
     print("numbaemb: compiling the kernels into the wheel (NUMBAEMB_PREBUILD=0 skips it)",
           file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="numbaemb-prebuild-") as cache:
-        env = dict(os.environ, PYTHONPATH=build_lib, NUMBA_CACHE_DIR=cache,
-                   NUMBAEMB_PREBUILT="0")
+        # (pip's isolated build environment is on PYTHONPATH: keep it, the copy first)
+        path = os.pathsep.join(p for p in (build_lib, os.environ.get("PYTHONPATH")) if p)
+        env = dict(os.environ, PYTHONPATH=path, NUMBA_CACHE_DIR=cache, NUMBAEMB_PREBUILT="0")
         env.pop("NUMBA_CACHE_LOCATOR_CLASSES", None)
         try:
             proc = subprocess.run([sys.executable, "-m", "numbaemb.warmup", "-q",
