@@ -18,7 +18,8 @@ manifest matches this process, its entries are merged (:func:`merge`) into the
 directory Numba caches these packages in here (``NUMBA_CACHE_DIR``, ``__pycache__``
 beside the sources, or the user-wide cache; whichever Numba's locators pick).  A
 marker file records it, so later imports only read the manifest and look for the
-marker (2 ms).  The first time it is 5.7 MB of files and about 0.1 s; the first table
+marker (2 ms); processes that import at once (a job's ranks on a shared cache) take
+a file lock in turn, so one merges and the others find the marker.  The first time it is 5.7 MB of files and about 0.1 s; the first table
 operations then load machine code instead of compiling it.  A wheel built on another
 CPU model, or for another Numba or other sources, is left alone (Numba would ignore
 its files anyway) and the kernels compile on first use as before.
@@ -33,6 +34,7 @@ and the magic tuple; none of it names where the package is installed.
 >>> sorted(info)
 ['fingerprint', 'magic', 'numba', 'python']
 """
+import contextlib
 import hashlib
 import json
 import os
@@ -229,6 +231,30 @@ def _seed(src, raw):
         return 0
     n = 0
     for package, target in targets.items():
-        n += merge([os.path.join(src, package)], target, first=live_start())
-        _write(os.path.join(target, marker), [raw])
+        with _locked(os.path.join(target, ".numbaemb-prebuilt.lock")):
+            if os.path.exists(os.path.join(target, marker)):
+                continue                    # another process seeded it while we waited
+            n += merge([os.path.join(src, package)], target, first=live_start())
+            _write(os.path.join(target, marker), [raw])
     return n
+
+
+@contextlib.contextmanager
+def _locked(path):
+    """An exclusive ``flock`` on ``path`` while the block runs, so that the ranks of a
+    job importing at once seed a shared cache once, not once each (their copies would
+    be correct but left over).  Where locks are not available it runs unlocked."""
+    try:
+        import fcntl
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)

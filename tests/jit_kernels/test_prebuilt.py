@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -185,3 +186,30 @@ def test_a_wheel_ships_the_prebuilt_kernels(tmp_path):
     manifest = json.loads(zipfile.ZipFile(wheel).read("jit_kernels/prebuilt/manifest.json"))
     assert manifest == dict(manifest, **prebuilt.this_process())
     assert sum(n.endswith(".nbi") for n in names) == manifest["functions"] > 50
+
+
+@needs_locators
+def test_processes_seeding_one_cache_at_once_copy_it_once(tmp_path):
+    """The ranks of a job importing numbaemb together: one merges, the others wait for
+    it and find the marker; no second copy of the files is left behind."""
+    pre = tmp_path / "prebuilt"
+    (tmp_path / "mod.py").write_text(FUNC)
+    _run(CALL.format(tmp=str(tmp_path)), "3", env={"NUMBA_CACHE_DIR": str(tmp_path / "a")})
+    for package in prebuilt.PACKAGES:
+        prebuilt.merge([_only_dir(tmp_path / "a")], str(pre / package))
+    prebuilt.write_manifest(str(pre), 1)
+    cache = tmp_path / "cache"
+    from numba.core.caching import UserProvidedCacheLocator
+    first = cache / UserProvidedCacheLocator.get_suitable_cache_subpath(
+        os.path.join(prebuilt.PACKAGES["jit_kernels"], "__init__.py"))
+    first.mkdir(parents=True)
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache))
+    with prebuilt._locked(str(first / ".numbaemb-prebuilt.lock")):   # held: they must wait
+        procs = [subprocess.Popen([sys.executable, "-c", SEED, str(pre)], env=env, cwd=ROOT,
+                                  stdout=subprocess.PIPE, text=True) for _ in range(4)]
+        time.sleep(4)
+        assert not glob.glob(str(cache / "*" / "*.nbc"))
+    outs = sorted(p.communicate(timeout=300)[0].split()[0] for p in procs)
+    assert all(p.returncode == 0 for p in procs)
+    assert sum(int(o) for o in outs) == 2                    # one function, two packages
+    assert len(glob.glob(str(cache / "*" / "*.nbc"))) == 2
