@@ -23,8 +23,10 @@ own locators apply unchanged.
 >>> len(fingerprint())
 32
 """
+import contextlib
 import functools
 import hashlib
+import inspect
 import os
 
 _DIRS = []              # registered package directories (absolute, normalised)
@@ -128,4 +130,62 @@ def register(directory, hashed=True):
         return False
     if not any(issubclass(c, _PackageStamp) for c in impl._locator_classes):
         impl._locator_classes[:0] = ours
+    _lock_saves()
     return True
+
+
+@contextlib.contextmanager
+def locked(path):
+    """An exclusive ``flock`` on the file ``path`` (created) while the block runs;
+    unlocked where file locks are not available."""
+    try:
+        import fcntl
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)
+
+
+def _lock_saves():
+    """Make the cache saves of registered files take a lock on the function's index.
+
+    Numba saves a new signature by reading the function's index, picking the first
+    unused data file number, then writing the index and the data file.  Two
+    processes saving different signatures of one function at once (test workers,
+    ranks, the warmup) can pick one number: the index then pairs one signature with
+    the other's machine code, which the next process loads and calls with the wrong
+    types (numba/numba#4807, #10128).  Under the lock the second saver reads the
+    first one's index and picks another number.  Numba's own functions and the
+    user's are left as they are."""
+    from numba.core import caching
+    cls = getattr(caching, "FunctionCache", None)
+    index_cls = getattr(caching, "IndexDataCacheFile", None)
+    if cls is None or index_cls is None or getattr(cls, "_numbaemb_locks", False):
+        return
+
+    class LockedIndex(index_cls):
+        def save(self, key, data):
+            with locked(self._index_path + ".lock"):
+                super().save(key, data)
+
+    init = cls.__init__
+
+    def __init__(self, py_func, *args, **kwargs):
+        init(self, py_func, *args, **kwargs)
+        try:
+            mine = _ours(inspect.getfile(py_func))
+        except TypeError:
+            mine = False
+        if mine and type(getattr(self, "_cache_file", None)) is index_cls:
+            self._cache_file.__class__ = LockedIndex
+
+    cls.__init__ = __init__
+    cls._numbaemb_locks = True

@@ -34,7 +34,6 @@ and the magic tuple; none of it names where the package is installed.
 >>> sorted(info)
 ['fingerprint', 'magic', 'numba', 'python']
 """
-import contextlib
 import hashlib
 import json
 import os
@@ -120,12 +119,12 @@ def _read_index(path):
 def _merge_function(sources, dest, base, first):
     """The entries of function ``base``'s index in each of ``sources`` (directories),
     added to its index in ``dest`` with their data files; entries ``dest`` already has
-    stay.  New data files are numbered from ``first`` on: a cache other processes may
-    be writing at the same time gets a random start far above the small numbers Numba
-    gives its own (:func:`live_start`), so no two writers pick one name for different
-    code.  Data files are written before the index that names them.  Returns True if
-    ``dest``'s index changed."""
-    from numba.core.serialize import dumps
+    stay.  It runs under the lock Numba's saves of these functions take
+    (:func:`jit_kernels._cache.locked`), so a process compiling into ``dest`` at the
+    same time sees the merged index or adds to it.  New data files are numbered from
+    ``first`` on (a cache in use: a random start far above Numba's own small numbers,
+    :func:`live_start`, should a writer not take the lock).  Data files are written
+    before the index that names them.  Returns True if ``dest``'s index changed."""
     entries, head = {}, None
     for src in sources:
         got = _read_index(os.path.join(src, base + ".nbi"))
@@ -137,6 +136,12 @@ def _merge_function(sources, dest, base, first):
     if head is None:
         return False
     index = os.path.join(dest, base + ".nbi")
+    with _cache.locked(index + ".lock"):      # the lock Numba's saves take here too
+        return _merge_into(index, dest, base, head, entries, first)
+
+
+def _merge_into(index, dest, base, head, entries, first):
+    from numba.core.serialize import dumps
     have = _read_index(index)
     have = have[2] if have is not None and have[:2] == head else {}
     new = [(k, path) for k, path in entries.items() if k not in have]
@@ -231,30 +236,9 @@ def _seed(src, raw):
         return 0
     n = 0
     for package, target in targets.items():
-        with _locked(os.path.join(target, ".numbaemb-prebuilt.lock")):
+        with _cache.locked(os.path.join(target, ".numbaemb-prebuilt.lock")):
             if os.path.exists(os.path.join(target, marker)):
                 continue                    # another process seeded it while we waited
             n += merge([os.path.join(src, package)], target, first=live_start())
             _write(os.path.join(target, marker), [raw])
     return n
-
-
-@contextlib.contextmanager
-def _locked(path):
-    """An exclusive ``flock`` on ``path`` while the block runs, so that the ranks of a
-    job importing at once seed a shared cache once, not once each (their copies would
-    be correct but left over).  Where locks are not available it runs unlocked."""
-    try:
-        import fcntl
-        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
-    except (ImportError, OSError):
-        yield
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
-            pass
-        yield
-    finally:
-        os.close(fd)

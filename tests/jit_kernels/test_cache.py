@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -97,3 +98,36 @@ def test_an_edit_to_an_inlined_body_recompiles(tmp_path):
     after = run()
     assert after[:2] == ["2", "0"]                          # recompiled, not the stale code
     assert run()[:2] == ["2", "1"]
+
+
+SAVE = """
+import sys
+sys.path[:0] = [{root!r}, {tmp!r}]
+from jit_kernels._cache import register
+register({tmp!r} + "/pkg")
+import pkg.slow
+print(pkg.slow.g(2.5), sum(pkg.slow.g.stats.cache_misses.values()))
+"""
+
+
+@needs_locators
+def test_saves_of_registered_functions_wait_for_the_index_lock(tmp_path):
+    """A process saving a signature of one of our functions holds the function's index
+    lock, so two savers cannot both pick one data file name (numba/numba#4807)."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "slow.py").write_text("from numba import njit\n\n\n"
+                                 "@njit(cache=True)\ndef g(x):\n    return x + 1\n")
+    cache = pkg / "__pycache__"
+    cache.mkdir()
+    index = cache / f"slow.g-4.py{sys.version_info[0]}{sys.version_info[1]}.nbi"
+    with _cache.locked(str(index) + ".lock"):
+        proc = subprocess.Popen([sys.executable, "-c", SAVE.format(root=ROOT, tmp=str(tmp_path))],
+                                stdout=subprocess.PIPE, text=True, cwd=str(tmp_path))
+        deadline = time.time() + 10             # (it compiles in about 1 s, then waits)
+        while time.time() < deadline:
+            time.sleep(0.5)
+            assert proc.poll() is None and not index.exists()
+    out, _ = proc.communicate(timeout=120)
+    assert out.split() == ["3.5", "1"] and index.exists()

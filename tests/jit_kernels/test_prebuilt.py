@@ -204,7 +204,7 @@ def test_processes_seeding_one_cache_at_once_copy_it_once(tmp_path):
         os.path.join(prebuilt.PACKAGES["jit_kernels"], "__init__.py"))
     first.mkdir(parents=True)
     env = dict(os.environ, NUMBA_CACHE_DIR=str(cache))
-    with prebuilt._locked(str(first / ".numbaemb-prebuilt.lock")):   # held: they must wait
+    with _cache.locked(str(first / ".numbaemb-prebuilt.lock")):   # held: they must wait
         procs = [subprocess.Popen([sys.executable, "-c", SEED, str(pre)], env=env, cwd=ROOT,
                                   stdout=subprocess.PIPE, text=True) for _ in range(4)]
         time.sleep(4)
