@@ -18,10 +18,8 @@ an editable install).
 The work is split into tasks (:func:`tasks`: a group of kernels, a build, a dtype
 pair) run by ``--jobs`` worker processes (default: one a CPU), each compiling into a
 cache directory of its own; their cache files are then merged into the cache
-(:func:`jit_kernels.prebuilt.merge`).  Workers must not share one directory: a
-process that saves a new signature of a function rewrites that function's index
-whole, and two processes saving different signatures at once can pair one's index
-entry with the other's machine code.  On the 2-core development VM: 71 s with two
+(:func:`jit_kernels.prebuilt.merge`), so they never wait on each other's index
+locks (:func:`jit_kernels._cache.locked`).  On the 2-core development VM: 71 s with two
 workers, 111 s in one process.
 
 From Python: ``numbaemb.warmup.warm(dtypes=[("int64", "float32")])`` (returns the
@@ -169,9 +167,8 @@ ONCE = ("many tables", "bounded")       # always-parallel kernels: one task a dt
 
 def _in_workers(jobs, all_dtypes, prebuilt_dir):
     """Run the tasks in ``jobs`` worker processes, each with a cache directory of its
-    own (Numba's index of a function is rewritten whole by each process that compiles
-    one of its signatures, so workers must not share one), then merge their caches
-    into ``prebuilt_dir``, or else into this process's cache."""
+    own (no waiting on one another's index locks), then merge their caches into
+    ``prebuilt_dir``, or else into this process's cache."""
     import os
     import subprocess
     import tempfile
