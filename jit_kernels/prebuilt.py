@@ -49,7 +49,6 @@ PREBUILT = os.path.join(HERE, "prebuilt")
 PACKAGES = {"jit_kernels": HERE,
             "numbaemb": os.path.join(os.path.dirname(HERE), "numbaemb")}
 MANIFEST = "manifest.json"
-_SUFFIXES = (".nbi", ".nbc")
 
 
 def this_process():
@@ -116,7 +115,7 @@ def _read_index(path):
         return None
 
 
-def _merge_function(sources, dest, base, first):
+def _merge_function(sources, dest, base, first, lock):
     """The entries of function ``base``'s index in each of ``sources`` (directories),
     added to its index in ``dest`` with their data files; entries ``dest`` already has
     stay.  It runs under the lock Numba's saves of these functions take
@@ -136,6 +135,8 @@ def _merge_function(sources, dest, base, first):
     if head is None:
         return False
     index = os.path.join(dest, base + ".nbi")
+    if not lock:
+        return _merge_into(index, dest, base, head, entries, first)
     with _cache.locked(index + ".lock"):      # the lock Numba's saves take here too
         return _merge_into(index, dest, base, head, entries, first)
 
@@ -165,12 +166,13 @@ def live_start():
     return 1000 + secrets.randbelow(10 ** 9)
 
 
-def merge(sources, dest, first=1):
+def merge(sources, dest, first=1, lock=True):
     """Add every function's cache entries found in ``sources`` (directories of Numba
-    cache files) to ``dest``; returns how many functions' indexes changed."""
+    cache files) to ``dest``; returns how many functions' indexes changed.
+    ``lock=False``: ``dest`` is private to this process (no lock files left there)."""
     os.makedirs(dest, exist_ok=True)
     bases = sorted(set().union(*(_index_bases(s) for s in sources)))
-    return sum(_merge_function(sources, dest, b, first) for b in bases)
+    return sum(_merge_function(sources, dest, b, first, lock) for b in bases)
 
 
 def write_manifest(dest, functions):
@@ -193,7 +195,7 @@ def collect(dest, sources=None):
         else:
             src = [os.path.join(s, package) for s in sources]
         out = os.path.join(dest, package)
-        merge(src, out)
+        merge(src, out, lock=False)
         n += len(_index_bases(out))
     write_manifest(dest, n)
     return n
