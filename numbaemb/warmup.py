@@ -160,9 +160,25 @@ def _warm_bounded(ne, segment, key_dtype, value_dtype, timed):
         kb.RANGE_SLOTS, kb.RANGES_MIN = saved
 
 
+def _warm_strings(ne, segment, key_dtype, value_dtype, timed):
+    """A string-keyed table (``key_dtype="string"``; ``key_dtype`` is not used): insert,
+    lookup, an Adam step on its ids, export."""
+    keys = np.array([f"warm{i}" for i in range(100)], dtype=object)
+    v = ne.Variable(4, key_dtype="string", value_dtype=value_dtype, name="warm_strings")
+    timed("string keys: find_or_insert", lambda: v.find_or_insert(keys))
+    timed("string keys: lookup", lambda: v.lookup(keys))
+    timed("string keys: Adam step", lambda: ne.optimizers.apply_gradients(
+        v, ne.optimizers.Adam(0.1), v.ids(keys, insert=True),
+        np.ones((keys.size, 4), value_dtype), step=1))
+    timed("string keys: export", v.export)
+
+
 GROUPS = {"table": _warm_table, "optimizers": _warm_optimizers, "training": _warm_training,
-          "many tables": _warm_many, "bounded": _warm_bounded}
-ONCE = ("many tables", "bounded")       # always-parallel kernels: one task a dtype pair
+          "many tables": _warm_many, "bounded": _warm_bounded, "string keys": _warm_strings}
+# one task a dtype pair, in the serial build's pass: the multi-table and range kernels
+# are parallel whatever the size, and string tables' batches are seldom past the
+# parallel cut-off
+ONCE = ("many tables", "bounded", "string keys")
 
 
 def _in_workers(jobs, all_dtypes, prebuilt_dir):

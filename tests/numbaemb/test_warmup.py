@@ -12,11 +12,19 @@ JOB = """
 import json, sys, numpy as np, numbaemb as ne
 from numba.core.dispatcher import Dispatcher
 ids = np.random.default_rng(0).integers(-2**62, 2**62, int(sys.argv[1]))
-bound = {"max_capacity": ids.size // 2} if len(sys.argv) > 2 else {}
-v = ne.Variable(dim=8, **bound)
+mode = sys.argv[2] if len(sys.argv) > 2 else ""
+bound = {"max_capacity": ids.size // 2} if mode == "bounded" else {}
+if mode == "strings":
+    v = ne.Variable(dim=8, key_dtype="string")
+    ids = ids.astype(str).astype(object)
+else:
+    v = ne.Variable(dim=8, **bound)
 v.find_or_insert(ids); v.lookup(ids)
-ne.optimizers.apply_gradients(v, ne.optimizers.Adam(1e-3), ids, np.ones((ids.size, 8),
-                              np.float32), step=1)
+ne.optimizers.apply_gradients(v, ne.optimizers.Adam(1e-3),
+                              v.ids(ids, insert=True) if mode == "strings" else ids,
+                              np.ones((ids.size, 8), np.float32), step=1)
+if mode == "strings":
+    v.export()
 if bound:                   # full: evicting inserts, in ranges of the index
     assert v.size() == ids.size // 2
     v.find_or_insert(ids[::-1].copy())
@@ -40,13 +48,15 @@ def test_warm_runs_every_group():
     assert {"find_or_insert", "lookup", "upsert", "accum", "export", "remove", "SGD", "Adam",
             "Ftrl", "RMSprop", "Adagrad", "SGD momentum",
             "unique / segment-sum / spread", "table growth",
-            "many tables in one kernel call", "bounded tables"} <= set(times)
+            "many tables in one kernel call", "bounded tables",
+            "string keys: find_or_insert", "string keys: export"} <= set(times)
 
 
 def test_after_warmup_the_table_job_compiles_nothing():
     """Small batches run the serial twins, large ones the parallel builds: both cached."""
     out = run("-m", "numbaemb.warmup", "-q").stderr
     assert "compiled and cached" in out
-    for args in (("1000",), ("300000",), ("1000", "bounded"), ("10000", "bounded")):
+    for args in (("1000",), ("300000",), ("1000", "bounded"), ("10000", "bounded"),
+                 ("1000", "strings")):
         got = json.loads(run("-c", JOB, *args).stdout.strip().splitlines()[-1])
         assert got["misses"] == 0 and got["hits"] > 0, (args, got)
