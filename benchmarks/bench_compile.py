@@ -18,6 +18,7 @@ CPU), and its time is reported: what ``pip install`` adds.
   ``lookup`` and one ``Adam`` step on 1,000 int64 ids.  Target: 2 s cold, 0.3 s warm.
 * ``optimizers``: after the table ops, the first step of each optimizer (SGD, SGD with
   momentum, Adagrad, Adam, FTRL, RMSprop).
+* ``strings``: a ``key_dtype="string"`` table's insert, lookup, Adam step and export.
 * ``tf``: ``import tensorflow`` (TF's own start-up, not ours), ``import tf_bridge``, then
   the first ``model.fit`` step of ``de.keras.layers.Embedding(8)`` -> Dense(1) and,
   for comparison, of the same model with ``keras.layers.Embedding``.  Target: ours
@@ -106,6 +107,14 @@ def child(scenario):
                 w = ne.Variable(dim=8, name=f"opt_{name}")
                 _timed(times, f"{name} step", lambda: ne.optimizers.apply_gradients(
                     w, opt, ids, grads, step=1))
+    elif scenario == "strings":
+        keys = ids.astype(str).astype(object)
+        v = ne.Variable(dim=8, key_dtype="string")
+        _timed(times, "find_or_insert", lambda: v.find_or_insert(keys))
+        _timed(times, "lookup", lambda: v.lookup(keys))
+        _timed(times, "Adam step", lambda: ne.optimizers.apply_gradients(
+            v, ne.optimizers.Adam(1e-3), v.ids(keys, insert=True), grads, step=1))
+        _timed(times, "export", v.export)
     elif scenario == "tf":
         import keras
         import numpy as np
@@ -167,7 +176,7 @@ def main():
     args = ap.parse_args()
     if args.child:
         return child(args.child)
-    scenarios = ["table", "optimizers"] + ([] if args.no_tf else ["tf"]) + (
+    scenarios = ["table", "optimizers", "strings"] + ([] if args.no_tf else ["tf"]) + (
         [] if args.no_cudasim else ["cudasim"])
     rows = []
     with tempfile.TemporaryDirectory(prefix="numbaemb-prebuilt-") as pre:
