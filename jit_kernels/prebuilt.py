@@ -19,7 +19,7 @@ directory Numba caches these packages in here (``NUMBA_CACHE_DIR``, ``__pycache_
 beside the sources, or the user-wide cache; whichever Numba's locators pick).  A
 marker file records it, so later imports only read the manifest and look for the
 marker (2 ms); processes that import at once (a job's ranks on a shared cache) take
-a file lock in turn, so one merges and the others find the marker.  The first time it is 5.7 MB of files and about 0.1 s; the first table
+a file lock in turn, so one merges and the others find the marker.  The first time it is 6.5 MB of files and about 0.1 s; the first table
 operations then load machine code instead of compiling it.  A wheel built on another
 CPU model, or for another Numba or other sources, is left alone (Numba would ignore
 its files anyway) and the kernels compile on first use as before.
