@@ -156,15 +156,17 @@ def run(scenario, cache_dir, prebuilt="0", extra_env=None):
     return res
 
 
-def prebuild(out):
-    """Make the prebuilt set as a wheel build does; returns the seconds it took."""
-    with tempfile.TemporaryDirectory(prefix="numba-cache-") as cache:
-        env = dict(os.environ, NUMBA_CACHE_DIR=cache, NUMBAEMB_PREBUILT="0",
-                   PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "numbaemb.warmup", "-q", "--prebuilt", out],
-                       check=True, env=env, cwd=ROOT, timeout=3600)
-        return time.perf_counter() - t0
+def prebuild(build_dir):
+    """Make the prebuilt set with the wheel build's own hook (``jit_kernels._build``:
+    the checkout's sources come through ``PYTHONPATH``); returns ``(its directory,
+    seconds)``."""
+    sys.path.insert(0, ROOT)
+    from jit_kernels import _build
+    os.environ["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
+    t0 = time.perf_counter()
+    if not _build.prebuild(build_dir):
+        sys.exit("the prebuilt set could not be made (see above)")
+    return os.path.join(build_dir, "jit_kernels", "prebuilt"), time.perf_counter() - t0
 
 
 def main():
@@ -179,8 +181,8 @@ def main():
     scenarios = ["table", "optimizers", "strings"] + ([] if args.no_tf else ["tf"]) + (
         [] if args.no_cudasim else ["cudasim"])
     rows = []
-    with tempfile.TemporaryDirectory(prefix="numbaemb-prebuilt-") as pre:
-        build_s = None if args.no_prebuilt else prebuild(pre)
+    with tempfile.TemporaryDirectory(prefix="numbaemb-prebuilt-") as tmp:
+        pre, build_s = (None, None) if args.no_prebuilt else prebuild(tmp)
         for sc in scenarios:
             with tempfile.TemporaryDirectory(prefix="numba-cache-") as cache, \
                     tempfile.TemporaryDirectory(prefix="numba-cache-") as fresh:

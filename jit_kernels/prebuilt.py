@@ -176,6 +176,7 @@ def merge(sources, dest, first=1, lock=True):
 
 
 def write_manifest(dest, functions):
+    """``dest/manifest.json``: :func:`this_process` and the number of functions."""
     with open(os.path.join(dest, MANIFEST), "w") as f:
         json.dump(dict(this_process(), functions=functions), f, indent=1)
 

@@ -7,8 +7,8 @@ kernels (serial, or in ranges of the index when the call has ``RANGES_MIN`` keys
 the table is full or cannot fill in the call); lookups are unchanged (they neither
 insert nor touch scores).  A key that is not admitted gets no row: ``find_or_insert``
 returns its initial values and reports it absent, ``upsert`` drops its value, an
-optimizer step drops its gradient.  An evicted key leaves with every column (optimizer slots too), and
-its row is reused; the evicted keys and their values of the last call are kept
+optimizer step drops its gradient.  An evicted key leaves with every column
+(optimizer slots too), and its row is reused; the evicted keys and their values of the last call are kept
 in ``last_evicted`` (``find_or_insert(..., return_evicted=True)`` returns them).
 
 >>> import numpy as np, numbaemb as ne

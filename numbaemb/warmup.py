@@ -19,8 +19,8 @@ The work is split into tasks (:func:`tasks`: a group of kernels, a build, a dtyp
 pair) run by ``--jobs`` worker processes (default: one a CPU), each compiling into a
 cache directory of its own; their cache files are then merged into the cache
 (:func:`jit_kernels.prebuilt.merge`), so they never wait on each other's index
-locks (:func:`jit_kernels._cache.locked`).  On the 2-core development VM: 71 s with two
-workers, 111 s in one process.
+locks (:func:`jit_kernels._cache.locked`).  On the 2-core development VM: 88 s with two
+workers (111 s in one process before string keys joined the warmup).
 
 From Python: ``numbaemb.warmup.warm(dtypes=[("int64", "float32")])`` (returns the
 seconds each kernel group took in the last pass).
@@ -146,8 +146,8 @@ def _warm_bounded(ne, segment, key_dtype, value_dtype, timed):
     saved = kb.RANGE_SLOTS, kb.RANGES_MIN
     try:
         kb.RANGE_SLOTS, kb.RANGES_MIN = 16, 8
-        v = ne.Variable(4, key_dtype=key_dtype, value_dtype=value_dtype, max_capacity=40,
-                        evict_window=1, name="warm_bounded")
+        v = _variable(ne, key_dtype, value_dtype, "warm_bounded", max_capacity=40,
+                      evict_window=1)
 
         def run():
             v.find_or_insert(np.arange(60, dtype=key_dtype))
