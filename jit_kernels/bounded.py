@@ -20,10 +20,15 @@ from its home slot and takes the lowest-scored key there that is not in this cal
 victim is evicted: its row is reused, its slot freed, and ``(key, row)`` is
 reported so the caller can hand its values out first (HKV's ``insert_and_evict``).
 The search reads ``mscore``, a copy of each slot's score beside the index (8 bytes
-a slot, contiguous) that holds ``MAX`` for free slots and for the keys of the
-running call (:func:`find_present` marks them, :func:`restore_scores` puts their
+a slot, contiguous) that holds ``MAX`` for free slots and ``hold`` for the keys of
+the running call (:func:`find_present` marks them, :func:`restore_scores` puts their
 scores back after the call), so a window of 32 slots is four cache lines;
 ``mark`` (the call's number a slot) tells a call's key from one scored ``MAX``.
+``hold`` is ``MAX``, or, for LRU, the call's clock when it is above every score in
+the table: then the call's keys' copies already hold their scores after the call
+(LRU scores a key it finds or inserts with the clock; a fill in ranges, which keeps
+the scores in ``mscore``, writes the clock there too) and :func:`restore_scores` has
+nothing to do.
 A victim's slot that the new key does not take is emptied by moving the later keys
 of its run back (backward-shift deletion): evicting inserts leave no tombstones, so
 the index is not rebuilt for them and probe sequences stay short.  The pass runs in
@@ -38,9 +43,9 @@ threads.
 >>> slots, scores = empty_slots(8), np.zeros(4, np.int64)
 >>> mscore, mark = np.full(8, MAX), np.zeros(8, np.int64)
 >>> keys, rows, where = np.array([5, 6, 7]), np.empty(3, np.int64), np.empty(3, np.int64)
->>> find_present(slots, 7, keys, rows, where, mscore, mark, 1)
+>>> find_present(slots, 7, keys, rows, where, mscore, mark, 1, MAX)
 >>> new, ek, er = np.empty(3, np.bool_), np.empty(3, np.int64), np.empty(3, np.int64)
->>> out = bounded_insert(slots, 7, keys, np.zeros(3, np.int64), scores, mscore, mark, 1,
+>>> out = bounded_insert(slots, 7, keys, np.zeros(3, np.int64), scores, mscore, mark, 1, MAX,
 ...                      rows, where, new, np.empty(0, np.int64), 0, 0, 0, 2, 8, LRU, 0, 1,
 ...                      False, ek, er)
 >>> out[0], out[1], out[3]      # rows taken, keys evicted, size after: 7 evicted 5 or 6
@@ -65,6 +70,7 @@ POLICIES = {"lru": LRU, "lfu": LFU, "epoch_lru": EPOCH_LRU, "epoch_lfu": EPOCH_L
 _LOW = np.int64(0xFFFFFFFF)
 MAX = np.int64(np.iinfo(np.int64).max)
 AHEAD = 8            # keys whose index slots are requested ahead of their turn
+SPEC = 8 * AHEAD     # _pass's work space of foreseen victims and written spans (int64)
 
 
 @njit(nogil=True, cache=True)
@@ -138,13 +144,14 @@ def _run_ends_before(slots, mask, v, hi):
 
 
 @njit(nogil=True, cache=True)
-def _victim(slots, mask, key, window, mscore, mark, batch):
+def _victim(slots, mask, key, window, mscore, mark, batch, hold):
     """``(slot, score)`` of the lowest-scored key of ``key``'s window not in this call,
     or -1 (reads ``mscore`` only, contiguous; the minimum is kept with selects, so the
-    loop has no unpredictable branch).  A slot freed since its copy was written may
-    come back: the caller checks the slot and calls again."""
+    loop has no unpredictable branch; the call's keys read ``hold`` there, above every
+    other key's score).  A slot freed since its copy was written may come back: the
+    caller checks the slot and calls again."""
     h = first_slot(key, mask)
-    best, best_score = np.int64(-1), MAX
+    best, best_score = np.int64(-1), hold
     for t in range(window):
         s = (h + t) & mask
         sc = mscore[s]
@@ -160,10 +167,10 @@ def _victim(slots, mask, key, window, mscore, mark, batch):
 
 
 @njit(nogil=True, cache=True, parallel=True)
-def find_present(slots, mask, keys, rows, where, mscore, mark, batch):
+def find_present(slots, mask, keys, rows, where, mscore, mark, batch, hold):
     """``rows[i]`` / ``where[i]`` = the row / slot of ``keys[i]``, or -2 / -1 when
     absent; every present key is marked as this call's (``mark[slot] = batch``,
-    ``mscore[slot] = MAX``), so no key of the call is a victim (parallel; before
+    ``mscore[slot] = hold``), so no key of the call is a victim (parallel; before
     :func:`bounded_insert`)."""
     n = keys.shape[0]
     for i in prange(n):
@@ -176,18 +183,18 @@ def find_present(slots, mask, keys, rows, where, mscore, mark, batch):
             if slots[2 * h] == keys[i + AHEAD // 2]:
                 prefetch_write(mark, 8 * h)
                 prefetch_write(mscore, 8 * h)
-        present_one(slots, mask, keys, rows, where, mscore, mark, batch, i)
+        present_one(slots, mask, keys, rows, where, mscore, mark, batch, hold, i)
 
 
 @njit(nogil=True, cache=True)
-def present_one(slots, mask, keys, rows, where, mscore, mark, batch, i):
+def present_one(slots, mask, keys, rows, where, mscore, mark, batch, hold, i):
     """:func:`find_present` for position ``i`` (the body the CUDA kernel runs too)."""
     s = _find(slots, mask, keys[i])
     where[i] = s
     rows[i] = -2 if s < 0 else slots[2 * s + 1]
     if s >= 0:
         mark[s] = batch
-        mscore[s] = MAX
+        mscore[s] = hold
 
 
 @njit(nogil=True, cache=True)
@@ -252,7 +259,8 @@ def sync_one(slots, scores, mscore, mark, s):
 def _vacate(slots, mask, v, mscore, mark):
     """Empty slot ``v`` without a tombstone: each later key of its run whose probe
     sequence passes the hole moves back into it (with its ``mscore`` / ``mark``),
-    leaving a hole where it was, until an empty slot ends the run."""
+    leaving a hole where it was, until an empty slot ends the run.  Returns the last
+    slot written (the hole left empty)."""
     hole = v
     j = (v + 1) & mask
     for _ in range(mask):
@@ -268,6 +276,7 @@ def _vacate(slots, mask, v, mscore, mark):
         j = (j + 1) & mask
     slots[2 * hole + 1] = EMPTY
     mscore[hole] = MAX
+    return hole
 
 
 def rehash_serial(old_slots, new_slots, new_mask):
@@ -295,7 +304,7 @@ def ranges_for(capacity, window):
 
 
 @njit(nogil=True, cache=True)
-def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, rows, where,
+def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, hold, rows, where,
           inserted, free_rows, n_free, fresh_start, size, limit, window, policy, epoch, clock,
           keep, hi, ev_keys, ev_rows, ev_pos, e0, deferred, held, spec):
     """Positions ``idx[a:b]`` of a call in that order (see :func:`bounded_insert`);
@@ -305,8 +314,9 @@ def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, rows
     (:func:`bounded_insert_ranges`; the table is full): a new key whose window or
     vacated run would reach ``hi`` is deferred (``deferred[i]``, rows and
     where left -2 / -1), and so are its later repeats.  ``held`` (``DEFER_KEYS``,) and
-    ``spec`` (``2 * AHEAD``,) int64 are work space (the keys deferred so far, the
-    victims foreseen for the next keys).  ``n_free < 0``: a fill in ranges (the table
+    ``spec`` (``SPEC``,) int64 are work space (the keys deferred so far; the victims
+    foreseen for the next keys, taken when no key since wrote their window, see
+    :func:`_foreseen`).  ``n_free < 0``: a fill in ranges (the table
     cannot fill in this call, see :func:`bounded_insert_ranges`): a new key's row is
     its slot for now, and a new key whose probe sequence reaches ``hi`` is deferred.
     Returns ``(rows taken, keys evicted, tombstones made minus consumed, size after,
@@ -316,8 +326,10 @@ def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, rows
     n_ev = 0
     d_deleted = 0
     n_def = 0
-    for q in range(spec.shape[0]):
-        spec[q] = -1
+    F = 2 * AHEAD
+    for q in range(F):
+        spec[q] = -1                # no victim foreseen
+        spec[3 * F + q] = 0         # no slots written
     for t in range(a, b):
         # a serial pass: overlap the next keys' cache misses.  2 * AHEAD keys ahead:
         # their probes and victim windows; AHEAD ahead: the victim each would take now
@@ -333,28 +345,32 @@ def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, rows
                 if size >= limit:
                     for off in range(8 * h, min(8 * (h + window), 8 * (mask + 1)), 64):
                         prefetch_write(mscore, off)
-        if t + AHEAD < b and size >= limit:
+        if t + AHEAD < b:
             j = idx[t + AHEAD]
-            if rows[j] < 0:
-                v = _victim(slots, mask, keys[j], window, mscore, mark, batch)[0]
-                spec[(t + AHEAD) % (2 * AHEAD)] = v
+            spec[(t + AHEAD) % F] = -1
+            if size >= limit and rows[j] < 0:
+                v, v_score = _victim(slots, mask, keys[j], window, mscore, mark, batch, hold)
+                spec[(t + AHEAD) % F] = v
+                spec[F + (t + AHEAD) % F] = v_score
                 if v >= 0:
                     prefetch_write(slots, 16 * v)        # (and the run after it, which
                     prefetch_write(slots, 16 * v + 64)   # moves back when it is vacated)
                     prefetch_write(mark, 8 * v)
         if t + AHEAD // 2 < b and size >= limit:
             j = idx[t + AHEAD // 2]
-            v = spec[(t + AHEAD // 2) % (2 * AHEAD)]
+            v = spec[(t + AHEAD // 2) % F]
             if rows[j] < 0 and v >= 0 and slots[2 * v + 1] >= 0:
                 prefetch_write(scores, slots[2 * v + 1] * 8)
         i = idx[t]
         key = keys[i]
         inserted[i] = False
+        spec[3 * F + t % F] = 0     # the slots of the index this position writes: none yet
         if rows[i] >= 0:            # present when the call started
             r = rows[i]
             scores[r] = touched(policy, scores[r], given[i], epoch, clock, False, keep)
             continue
         h = first_slot(key, mask)
+        spec[2 * F + t % F] = h
         defer = False
         if hi >= 0:                 # a range: stay inside it, keep a key's repeats in order
             defer = n_def >= DEFER_KEYS or h + window > hi
@@ -384,10 +400,13 @@ def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, rows
                 taken += 1
                 size += 1
         else:
-            v, v_score = _victim(slots, mask, key, window, mscore, mark, batch)
+            v, v_score = _foreseen(spec, t, h, mask, window)
+            if v < 0:
+                v, v_score = _victim(slots, mask, key, window, mscore, mark, batch, hold)
             while v >= 0 and slots[2 * v + 1] < 0:    # a stale copy: that slot is free
                 mscore[v] = MAX
-                v, v_score = _victim(slots, mask, key, window, mscore, mark, batch)
+                _wrote(spec, t, h, v, mask)
+                v, v_score = _victim(slots, mask, key, window, mscore, mark, batch, hold)
             if v < 0 or score < v_score:
                 rows[i] = -1
                 continue
@@ -415,10 +434,11 @@ def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, rows
             d_deleted -= 1
         slots[2 * p] = key
         slots[2 * p + 1] = r
-        mscore[p] = MAX
+        mscore[p] = hold
         mark[p] = batch
+        _wrote(spec, t, h, p, mask)
         if v >= 0:                  # placed before the victim: empty the victim's slot
-            _vacate(slots, mask, v, mscore, mark)
+            _wrote(spec, t, h, _vacate(slots, mask, v, mscore, mark), mask)
         scores[r] = score
         rows[i] = r
         where[i] = p
@@ -427,20 +447,51 @@ def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, rows
 
 
 @njit(nogil=True, cache=True)
-def _work():
-    """:func:`_pass`'s work space on the CPU: ``(held, spec)``."""
-    return np.empty(DEFER_KEYS, np.int64), np.empty(2 * AHEAD, np.int64)
+def _wrote(spec, t, h, s, mask):
+    """:func:`_pass`'s record that position ``t`` (home slot ``h``) wrote index slot
+    ``s`` (at or after ``h`` along the probe sequence): its span ``[h, s]``."""
+    F = 2 * AHEAD
+    spec[3 * F + t % F] = max(spec[3 * F + t % F], ((s - h) & mask) + 1)
 
 
 @njit(nogil=True, cache=True)
-def bounded_insert(slots, mask, keys, given, scores, mscore, mark, batch, rows, where,
+def _foreseen(spec, t, h, mask, window):
+    """The victim :func:`_pass` foresaw for position ``t`` (home slot ``h``) ``AHEAD``
+    positions before, ``(slot, score)``, if none of the positions since wrote a slot
+    of its window (then :func:`_victim` would give it again: it reads the window
+    only), else ``(-1, MAX)``.  A position's writes lie in the span ``[its home, the
+    last slot it wrote]`` (:func:`_wrote`): its probe sequence and vacated run.  (The
+    scores a present key's position writes are ``mscore`` itself only in a fill in
+    ranges, which foresees no victims.)"""
+    F = 2 * AHEAD
+    v = spec[t % F]
+    if v < 0:
+        return np.int64(-1), MAX
+    for q in range(t - AHEAD, t):
+        n = spec[3 * F + q % F]
+        if n > 0:
+            s = spec[2 * F + q % F]
+            if ((s - h) & mask) < window or ((h - s) & mask) < n:
+                return np.int64(-1), MAX
+    return v, spec[F + t % F]
+
+
+@njit(nogil=True, cache=True)
+def _work():
+    """:func:`_pass`'s work space on the CPU: ``(held, spec)``."""
+    return np.empty(DEFER_KEYS, np.int64), np.empty(SPEC, np.int64)
+
+
+@njit(nogil=True, cache=True)
+def bounded_insert(slots, mask, keys, given, scores, mscore, mark, batch, hold, rows, where,
                    inserted, free_rows, n_free, fresh_start, size, limit, window, policy,
                    epoch, clock, keep, ev_keys, ev_rows):
     """Find or insert every key of ``keys`` (n,) in batch order, evicting when full.
 
-    ``rows`` / ``where`` (n,) come filled by :func:`find_present`; ``rows[i]`` gets
-    the key's row or -1 (not admitted), ``where[i]`` its slot (-1: not admitted),
-    ``inserted[i]`` marks the position that inserted it.  Scores go to ``scores``
+    ``rows`` / ``where`` (n,) come filled by :func:`find_present` (with the same
+    ``hold``, see the module doc); ``rows[i]`` gets the key's row or -1 (not
+    admitted), ``where[i]`` its slot (-1: not admitted), ``inserted[i]`` marks the
+    position that inserted it.  Scores go to ``scores``
     (rows,); ``mscore`` / ``mark`` see the module doc (:func:`restore_scores` after
     the call; ``given`` (n,) the custom scores, ``keep`` see :func:`touched`).  New
     rows come from ``free_rows[:n_free]`` (top down), then ``fresh_start,
@@ -451,7 +502,7 @@ def bounded_insert(slots, mask, keys, given, scores, mscore, mark, batch, rows, 
     n = keys.shape[0]
     held, spec = _work()
     taken, n_ev, d_deleted, size, _ = _pass(
-        np.arange(n), 0, n, slots, mask, keys, given, scores, mscore, mark, batch, rows,
+        np.arange(n), 0, n, slots, mask, keys, given, scores, mscore, mark, batch, hold, rows,
         where, inserted, free_rows, n_free, fresh_start, size, limit, window, policy, epoch,
         clock, keep, -1, ev_keys, ev_rows, np.empty(n, np.int64), 0, np.empty(0, np.bool_),
         held, spec)
@@ -459,8 +510,8 @@ def bounded_insert(slots, mask, keys, given, scores, mscore, mark, batch, rows, 
 
 
 @njit(nogil=True, cache=True, parallel=True)
-def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch, rows, where,
-                          inserted, free_rows, n_free, fresh_start, size, n_ranges, limit,
+def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch, hold, rows,
+                          where, inserted, free_rows, n_free, fresh_start, size, n_ranges, limit,
                           window, policy, epoch, clock, keep, ev_keys, ev_rows, deferred):
     """:func:`bounded_insert` on several threads, into a *full* table or one the call
     cannot fill (``size`` + the call's absent positions <= ``limit``: a *fill*).
@@ -505,7 +556,7 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
     for g in prange(n_ranges):
         held, spec = _work()
         out = _pass(same, starts[g], starts[g + 1], slots, mask, k2, g2, sc, mscore, mark,
-                    batch, r2, w2, new2, no_rows, nf, 0, s0, top, window, policy, epoch, clock,
+                    batch, hold, r2, w2, new2, no_rows, nf, 0, s0, top, window, policy, epoch, clock,
                     keep, (g + 1) * span, ek, er, ep, starts[g], late2, held, spec)
         took[g], n_evs[g], made[g] = out[0], out[1], out[2]
     taken = 0
@@ -524,7 +575,7 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
     held, spec = _work()
     nf, f0 = max(n_free - taken, 0), fresh_start + max(taken - n_free, 0)
     out = _pass(late, 0, late.shape[0], slots, mask, keys, given, scores, mscore, mark, batch,
-                rows, where, inserted, free_rows, nf, f0, size + taken, limit, window, policy,
+                hold, rows, where, inserted, free_rows, nf, f0, size + taken, limit, window, policy,
                 epoch, clock, keep, -1, ek, er, ep, n, deferred, held, spec)
     at = np.full(n, -1, np.int64)       # report them in the order of their positions
     for g in range(n_ranges):

@@ -22,7 +22,7 @@ most) where an unbounded insert runs a thread a key.  Nothing here imports
 Example (needs a GPU or the simulator, so not a doctest)::
 
     taken, n_ev, made, size = bounded_insert_ranges(
-        slots, mask, keys, given, scores, mscore, mark, batch, rows, where, inserted,
+        slots, mask, keys, given, scores, mscore, mark, batch, MAX, rows, where, inserted,
         free_rows, n_free, fresh_start, size, ranges_for(cap, 32), limit, 32, LRU, 0, clock,
         True, ev_keys, ev_rows, deferred)
 """
@@ -49,15 +49,15 @@ def add_kernels(kernels, cuda_module, body, copy_row, init_cols, init_both):
     present_one, forget_one = body(kb.present_one), body(kb.forget_one)
     restore_one, sync_one = body(kb.restore_one), body(kb.sync_one)
     run_pass, home_of = body(kb._pass), body(first_slot)
-    held_n, spec_n = kb.DEFER_KEYS, 2 * kb.AHEAD
+    held_n, spec_n = kb.DEFER_KEYS, kb.SPEC
 
     def kernel(fn):
         kernels["bounded_" + fn.__name__] = jit(fn)
 
     @kernel
-    def present(slots, mask, keys, rows, where, mscore, mark, batch):
+    def present(slots, mask, keys, rows, where, mscore, mark, batch, hold):
         for i in range(cuda.grid(1), keys.shape[0], cuda.gridsize(1)):
-            present_one(slots, mask, keys, rows, where, mscore, mark, batch, i)
+            present_one(slots, mask, keys, rows, where, mscore, mark, batch, hold, i)
 
     @kernel
     def forget(slots, mask, keys, mscore):
@@ -75,8 +75,8 @@ def add_kernels(kernels, cuda_module, body, copy_row, init_cols, init_both):
             sync_one(slots, scores, mscore, mark, s)
 
     @kernel
-    def passes(idx, starts, span, slots, mask, keys, given, scores, mscore, mark, batch, rows,
-               where, inserted, free_rows, n_free, fresh_start, size, limit, window, policy,
+    def passes(idx, starts, span, slots, mask, keys, given, scores, mscore, mark, batch, hold,
+               rows, where, inserted, free_rows, n_free, fresh_start, size, limit, window, policy,
                epoch, clock, keep, ev_keys, ev_rows, ev_pos, e_base, deferred, out):
         """Thread g: ``_pass`` over ``idx[starts[g]:starts[g + 1]]``; ``span > 0``: the
         g-th range of ``span`` slots (evictions from ``e_base + starts[g]``)."""
@@ -86,7 +86,7 @@ def add_kernels(kernels, cuda_module, body, copy_row, init_cols, init_both):
             spec = cuda.local.array(spec_n, np.int64)
             hi = (g + 1) * span if span > 0 else -1
             r = run_pass(idx, starts[g], starts[g + 1], slots, mask, keys, given, scores,
-                         mscore, mark, batch, rows, where, inserted, free_rows, n_free,
+                         mscore, mark, batch, hold, rows, where, inserted, free_rows, n_free,
                          fresh_start, size, limit, window, policy, epoch, clock, keep, hi,
                          ev_keys, ev_rows, ev_pos, e_base + starts[g], deferred, held, spec)
             out[g, 0], out[g, 1], out[g, 2], out[g, 3], out[g, 4] = r
@@ -203,9 +203,9 @@ def _k():
     return ct._kernels()
 
 
-def find_present(slots, mask, keys, rows, where, mscore, mark, batch):
+def find_present(slots, mask, keys, rows, where, mscore, mark, batch, hold):
     ct._go(_k().bounded_present, keys.shape[0], slots, mask, keys, rows, where, mscore, mark,
-           batch)
+           batch, hold)
 
 
 def forget(slots, mask, keys, mscore):
@@ -249,14 +249,15 @@ def _iota(n):
     return a
 
 
-def bounded_insert(slots, mask, keys, given, scores, mscore, mark, batch, rows, where,
+def bounded_insert(slots, mask, keys, given, scores, mscore, mark, batch, hold, rows, where,
                    inserted, free_rows, n_free, fresh_start, size, limit, window, policy,
                    epoch, clock, keep, ev_keys, ev_rows):
     """See :func:`jit_kernels.bounded.bounded_insert` (one GPU thread, batch order)."""
     cuda = ct.cuda
     n = keys.shape[0]
-    call = (slots, mask, keys, given, scores, mscore, mark, batch, rows, where, inserted,
-            free_rows, n_free, fresh_start, size, limit, window, policy, epoch, clock, keep)
+    call = (slots, mask, keys, given, scores, mscore, mark, batch, hold, rows, where,
+            inserted, free_rows, n_free, fresh_start, size, limit, window, policy, epoch, clock,
+            keep)
     ev = (ev_keys, ev_rows, cuda.device_array(max(n, 1), np.int64))
     res, _ = _run(_iota(n), cuda.to_device(np.array([0, n], np.int64)), 0, call, 0, ev,
                   cuda.device_array(1, np.bool_))
@@ -264,8 +265,8 @@ def bounded_insert(slots, mask, keys, given, scores, mscore, mark, batch, rows, 
     return taken, n_ev, d_deleted, size
 
 
-def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch, rows, where,
-                          inserted, free_rows, n_free, fresh_start, size, n_ranges, limit,
+def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch, hold, rows,
+                          where, inserted, free_rows, n_free, fresh_start, size, n_ranges, limit,
                           window, policy, epoch, clock, keep, ev_keys, ev_rows, deferred):
     """See :func:`jit_kernels.bounded.bounded_insert_ranges` (a thread a range, then one
     thread the deferred positions)."""
@@ -283,9 +284,9 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
         ct._go(K.bounded_slot_rows, n, r2, w2, scores, mscore)
     ek, er, ep = (cuda.device_array(2 * n, np.int64) for _ in range(3))
     no_rows = cuda.device_array(1, np.int64)
-    call = (slots, mask, k2, g2, mscore if fill else scores, mscore, mark, batch, r2, w2, new2,
-            no_rows, -1 if fill else 0, 0, 0 if fill else limit, n + 1 if fill else limit,
-            window, policy, epoch, clock, keep)
+    call = (slots, mask, k2, g2, mscore if fill else scores, mscore, mark, batch, hold, r2, w2,
+            new2, no_rows, -1 if fill else 0, 0, 0 if fill else limit,
+            n + 1 if fill else limit, window, policy, epoch, clock, keep)
     res, counts = _run(_iota(n), starts, span, call, 0, (ek, er, ep), late2)
     taken = int(res[:, 0].sum()) if fill else 0
     if fill:                        # the new rows, a thread a range
@@ -297,8 +298,8 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
            deferred, late_pos)
     late = cuda.device_array(max(n, 1), np.int64)
     m = ct.compact_nonneg(late_pos, late)
-    call = (slots, mask, keys, given, scores, mscore, mark, batch, rows, where, inserted,
-            free_rows, max(n_free - taken, 0), fresh_start + max(taken - n_free, 0),
+    call = (slots, mask, keys, given, scores, mscore, mark, batch, hold, rows, where,
+            inserted, free_rows, max(n_free - taken, 0), fresh_start + max(taken - n_free, 0),
             size + taken, limit, window, policy, epoch, clock, keep)
     res2, counts2 = _run(late[:m], cuda.to_device(np.array([0, m], np.int64)), 0, call, n,
                          (ek, er, ep), deferred)

@@ -36,7 +36,8 @@ class BoundedRows:
     """A bounded shard's work, on the CPU (:class:`BoundedShard`) or a GPU
     (:class:`numbaemb.cuda_bounded.CudaBoundedShard`): the kernels come from ``_bk``
     (:mod:`jit_kernels.bounded` or :mod:`jit_kernels.cuda_bounded`, the same names and
-    results), arrays from the shard's ``_new`` / ``_full`` / ``_copy`` / ``_take``."""
+    results), arrays from the shard's ``_new`` / ``_full`` / ``_copy`` / ``_take`` /
+    ``_host``."""
 
     _bk = kb
 
@@ -45,6 +46,7 @@ class BoundedRows:
         self.policy = kb.POLICIES[policy]
         self.window = int(window)
         self._batch = 0
+        self._top = -1                # no key scores above this (LRU: see _hold)
         self.last_evicted = (np.empty(0, np.int64), {})
         self.keep_evicted = False     # gather every call's evicted columns (tests, spilling)
 
@@ -78,9 +80,25 @@ class BoundedRows:
         rehash or a checkpoint load wrote them)."""
         if SCORE in self.columns:
             self._bk.sync_meta(self.slots, self._scores(), self.mscore, self.mark)
+            self._top = self._max_score()
+
+    def _hold(self, clock):
+        """What ``mscore`` holds for the keys of a call with this clock (see
+        :mod:`jit_kernels.bounded`): an LRU call's clock when no key scores as high
+        (then the copies need no restoring after the call), else ``MAX``."""
+        if self.policy != kb.LRU:
+            return kb.MAX
+        hold = kb.MAX if clock <= self._top else np.int64(clock)
+        self._top = max(self._top, int(clock))
+        return hold
 
     def _scores(self):
         return self.columns[SCORE].data[:, 0]
+
+    def _max_score(self):
+        """The highest score of any row (free rows too), -1 for none."""
+        scores = self._host(self._scores())
+        return int(scores.max()) if scores.shape[0] else -1
 
     def _insert(self, keys, then=None, scores=None, epoch=0, clock=0, evicted=False,
                 present=None):
@@ -97,8 +115,9 @@ class BoundedRows:
         n_ev = 0
         step = max(1, self.capacity // 4)
         self._batch += 1
+        hold = self._hold(clock)
         bk.find_present(self.slots, self.mask, keys, rows, where, self.mscore, self.mark,
-                        self._batch)
+                        self._batch, hold)
         if present is not None:
             self._present(rows, present)
         for lo in range(0, n, step):
@@ -107,11 +126,11 @@ class BoundedRows:
                 self._rehash(self.n_full)      # clears the tombstones (and the call marks:
                 r2 = self._new(n, np.int64)    # mark again; earlier positions' slots moved)
                 bk.find_present(self.slots, self.mask, keys, r2, where, self.mscore,
-                                self.mark, self._batch)
+                                self.mark, self._batch, hold)
                 self._copy(rows[lo:], r2[lo:])
             self._reserve_rows(k.shape[0])      # (may move the columns)
             call = (self.slots, self.mask, k, given[lo:lo + step], self._scores(), self.mscore,
-                    self.mark, self._batch, rows[lo:lo + step], where[lo:lo + step],
+                    self.mark, self._batch, hold, rows[lo:lo + step], where[lo:lo + step],
                     inserted[lo:lo + step])
             ranges = kb.ranges_for(self.capacity, self.window)
             wide = k.shape[0] >= kb.RANGES_MIN and ranges > 1
@@ -131,7 +150,8 @@ class BoundedRows:
             self.n_full = size
             self.n_deleted += made
             n_ev += ev
-        bk.restore_scores(self.slots, self.mask, keys, where, self._scores(), self.mscore)
+        if hold == kb.MAX:
+            bk.restore_scores(self.slots, self.mask, keys, where, self._scores(), self.mscore)
         ev_keys, ev_rows = ev_keys[:n_ev], ev_rows[:n_ev]
         # hand out the evicted keys' columns before their rows are initialised again
         cols = {name: self._take(col.data, ev_rows) for name, col in self.columns.items()} \
@@ -175,6 +195,7 @@ class BoundedShard(BoundedRows, Shard):
     _new = staticmethod(np.empty)
     _full = staticmethod(np.full)
     _present = staticmethod(lambda rows, out: np.greater_equal(rows, 0, out=out))
+    _host = staticmethod(lambda a: a)
 
     @staticmethod
     def _copy(dst, src):

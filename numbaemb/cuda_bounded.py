@@ -48,6 +48,7 @@ class CudaBoundedShard(BoundedRows, CudaShard):
         return k.filled(n, value, dtype)
 
     _present = staticmethod(kbc.nonneg)
+    _host = staticmethod(lambda a: a.copy_to_host())
 
     @staticmethod
     def _copy(dst, src):

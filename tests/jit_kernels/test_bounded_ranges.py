@@ -35,6 +35,7 @@ class Table:
         self.mscore, self.mark = np.full(CAP, kb.MAX, np.int64), np.zeros(CAP, np.int64)
         self.free = np.empty(0, np.int64)
         self.window, self.policy, self.batch = window, policy, 0
+        self.hold = kb.MAX
         rng = np.random.default_rng(seed)
         first = rng.choice(np.arange(-5000, 5000), size or limit, replace=False)
         self.serial(first, np.zeros(first.shape[0], np.int64), clock=1)
@@ -67,11 +68,17 @@ class Table:
         self.batch += 1
         rows, where = np.empty(n, np.int64), np.empty(n, np.int64)
         kb.find_present(self.slots, CAP - 1, keys, rows, where, self.mscore, self.mark,
-                        self.batch)
+                        self.batch, self.hold)
         return (self.slots, CAP - 1, keys), rows, where, np.empty(n, np.bool_)
 
     def common(self):
-        return self.scores, self.mscore, self.mark, self.batch
+        return self.scores, self.mscore, self.mark, self.batch, self.hold
+
+    def restore(self, keys, where):
+        """The copies of the call's scores back beside the index (not needed, and not
+        done, when the call held them at its clock)."""
+        if self.hold == kb.MAX:
+            kb.restore_scores(self.slots, CAP - 1, keys, where, self.scores, self.mscore)
 
     def rows_then(self):
         return self.free, self.free.shape[0], self.fresh, self.size
@@ -84,7 +91,7 @@ class Table:
         out = kb.bounded_insert(slots, mask, keys, scores, *self.common(), rows, where, new,
                                 *self.rows_then(), self.limit, self.window, self.policy, 0,
                                 clock, False, ev_k, ev_r)
-        kb.restore_scores(slots, mask, keys, where, self.scores, self.mscore)
+        self.restore(keys, where)
         self.take(out)
         return rows, where, new, ev_k[:out[1]], ev_r[:out[1]], out
 
@@ -95,7 +102,7 @@ class Table:
         out = kb.bounded_insert_ranges(
             slots, mask, keys, scores, *self.common(), rows, where, new, *self.rows_then(),
             n_ranges, self.limit, self.window, self.policy, 0, clock, False, ev_k, ev_r, late)
-        kb.restore_scores(slots, mask, keys, where, self.scores, self.mscore)
+        self.restore(keys, where)
         self.take(out)
         return rows, where, new, ev_k[:out[1]], ev_r[:out[1]], out, late
 
@@ -205,3 +212,72 @@ def test_ranges_for_depends_on_the_table_alone():
     assert kb.ranges_for(1 << 21, 32) == 512
     assert kb.ranges_for(1 << 12, 32) == 1            # too small: the serial pass
     assert kb.ranges_for(1 << 30, 1) == 1024
+
+
+@pytest.mark.parametrize("mode", ["serial", "ranges", "fill"])
+@settings(max_examples=40, deadline=None)
+@given(st.lists(key_st, min_size=1, max_size=120), st.sampled_from([1, 2, 4, 8, 32]),
+       st.integers(0, 3), st.data())
+def test_an_lru_call_that_holds_its_clock_needs_no_restore(mode, keys, window, seed, data):
+    """An LRU call whose clock is above every score may mark its keys with the clock
+    (``hold``) instead of ``MAX``: the same victims, rows and index, and the score
+    copies already right after the call, with no :func:`restore_scores` (a fill in
+    ranges too: it keeps the scores in ``mscore``, the clock for the call's keys)."""
+    a = Table(window, kb.LRU, seed, **(FILL if mode == "fill" else {}))
+    present = a.slots[0::2][a.slots[1::2] >= 0]
+    extra = data.draw(st.lists(st.sampled_from(present.tolist()), max_size=40))
+    keys = np.array(keys + extra, np.int64)
+    b = a.copy()
+    b.hold = np.int64(5)            # above the Table's clocks (1-3)
+    scores = np.zeros(keys.shape[0], np.int64)
+    if mode == "serial":
+        outs = a.serial(keys, scores, 5), b.serial(keys, scores, 5)
+    else:
+        outs = a.ranges(keys, scores, 5, 4), b.ranges(keys, scores, 5, 4)
+    for x, y in zip(*outs):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    for name in ("slots", "scores", "mscore", "mark", "free"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+    live = a.slots[1::2] >= 0
+    np.testing.assert_array_equal(a.mscore[live], a.scores[a.slots[1::2][live]])
+
+
+def test_a_foreseen_victim_is_taken_only_while_it_is_the_window_s(monkeypatch):
+    """The pass looks for each new key's victim ``AHEAD`` positions early and takes that
+    one at the key's turn unless a position since wrote a slot of its window: run in
+    Python, every victim taken so is checked against a fresh search of the window at
+    that moment (small tables, small and large windows: both outcomes occur often)."""
+    import inspect
+    real, seen = kb._foreseen, {"taken": 0, "dropped": 0}
+
+    def checked(spec, t, h, mask, window):
+        v, score = real(spec, t, h, mask, window)
+        f = inspect.currentframe().f_back.f_locals
+        fresh = kb._victim(f["slots"], mask, f["key"], window, f["mscore"], f["mark"],
+                           f["batch"], f["hold"])
+        if v >= 0:
+            assert (v, score) == tuple(fresh), (t, v, score, fresh)
+            seen["taken"] += 1
+        elif spec[t % (2 * kb.AHEAD)] >= 0:
+            seen["dropped"] += 1
+        return v, score
+
+    monkeypatch.setattr(kb, "_foreseen", checked)
+    for name in ("prefetch_read", "prefetch_write"):        # (intrinsics: compiled only)
+        monkeypatch.setattr(kb, name, lambda a, offset: None)
+    rng = np.random.default_rng(5)
+    for ex in range(40):
+        t = Table([2, 8, 32, 64][ex % 4], sorted(kb.POLICIES.values())[ex % 5], ex,
+                  limit=(LIMIT, 160)[ex % 2])
+        n = int(rng.integers(100, 200))
+        keys = np.where(rng.random(n) < 0.05, rng.choice(POOL, n), rng.integers(-3000, 3000, n))
+        keys = keys.astype(np.int64)
+        (slots, mask, keys), rows, where, new = t.start(keys)
+        held, spec = kb._work()
+        kb._pass.py_func(np.arange(n), 0, n, slots, mask, keys, rng.integers(0, 9, n),
+                         t.scores, t.mscore, t.mark, t.batch, t.hold, rows, where, new,
+                         t.free, t.free.shape[0], t.fresh, t.size, t.limit, t.window,
+                         t.policy, 0, 9, False, -1, np.empty(n, np.int64),
+                         np.empty(n, np.int64), np.empty(n, np.int64), 0,
+                         np.empty(0, np.bool_), held, spec)
+    assert seen["taken"] > 1000 and seen["dropped"] > 100, seen

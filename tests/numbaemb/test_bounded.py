@@ -31,6 +31,14 @@ keys_st = st.lists(st.sampled_from(EXTREME) | st.integers(-12, 12), min_size=1, 
 LOW = 0xFFFFFFFF
 
 
+def assert_copies_current(shard):
+    """The victim search's copy of the scores beside the index is current."""
+    words = shard.slots[1::2]
+    full = words >= 0
+    np.testing.assert_array_equal(shard.mscore[full], shard._scores()[words[full]])
+    assert (shard.mscore[~full] == np.iinfo(np.int64).max).all()
+
+
 class BoundedMachine(RuleBasedStateMachine):
     CAP, WINDOW, EXACT = 6, 64, True
     POLICY = "lru"
@@ -189,11 +197,7 @@ class BoundedMachine(RuleBasedStateMachine):
         if got:             # every key is reachable by its probe (evictions move keys back)
             found, exists = self.var.lookup(keys, return_exists=True)
             assert exists.all() and np.array_equal(found, rows)
-        shard = self.var.shards[0]      # the victim search's copy of the scores is current
-        words = shard.slots[1::2]
-        full = words >= 0
-        np.testing.assert_array_equal(shard.mscore[full], shard._scores()[words[full]])
-        assert (shard.mscore[~full] == np.iinfo(np.int64).max).all()
+        assert_copies_current(self.var.shards[0])
         if self.EXACT:
             sk, sv = self.var.export("score")
             assert dict(zip(sk.tolist(), sv[:, 0].tolist())) == self.scores
@@ -234,6 +238,26 @@ TestLRUSmallWindow = machine("lru", exact=False)
 TestLFUSmallWindow = machine("lfu", exact=False)
 TestLRUSmallWindowRanges = machine("lru", exact=False, ranges=True)
 TestLFUSmallWindowRanges = machine("lfu", exact=False, ranges=True)
+
+
+def test_an_lru_call_at_a_clock_some_key_already_has_evicts_as_the_rule_says():
+    """An LRU call marks its keys with its clock in the victim search only when no key
+    scores that high (``BoundedRows._hold``), else a key scored at the clock (a shard
+    called twice with one clock, scores a load wrote) would wrongly escape eviction:
+    ties go to the new key."""
+    from numbaemb.bounded import BoundedShard
+    from jit_kernels.initializers import ZEROS
+    for load in (False, True):
+        sh = BoundedShard(1, np.float32, (ZEROS, 0.0, 0.0, 0, np.zeros(1)), 8, "lru",
+                          window=64)
+        sh.find_or_insert(np.arange(8), clock=3 if load else 5)
+        if load:                            # scores written as a load writes them
+            sh.columns["score"].data[:, 0] = 5
+            sh._loaded()
+        rows, inserted = sh.find_or_insert(np.arange(100, 104), clock=5)
+        assert (rows >= 0).all() and inserted.all(), load     # each evicted a 5
+        assert sh.n_full == 8 and sh.last_evicted[0].shape[0] == 4
+        assert_copies_current(sh)
 
 
 def test_bad_bounded_arguments():
@@ -349,7 +373,7 @@ def test_evictions_do_not_depend_on_threads(monkeypatch, ranges):
     np.testing.assert_array_equal(tables[0].shards[0].slots, tables[1].shards[0].slots)
 
 
-@pytest.mark.parametrize("policy", ["lfu", "custom"])
+@pytest.mark.parametrize("policy", ["lru", "lfu", "custom"])
 def test_a_fill_in_ranges_holds_what_the_serial_pass_holds(monkeypatch, policy):
     """Large calls into a table they cannot fill run in ranges of the index
     (``bounded_insert_ranges``): the same keys, values and scores as the serial pass
@@ -382,6 +406,8 @@ def test_a_fill_in_ranges_holds_what_the_serial_pass_holds(monkeypatch, policy):
             dict(zip(k2.tolist(), s2[:, 0].tolist()))
         (k1, v1), (k2, v2) = (t.export() for t in tables)
         np.testing.assert_array_equal(v1[np.argsort(k1)], v2[np.argsort(k2)])
+        for t in tables:
+            assert_copies_current(t.shards[0])
     assert len(wide) == 3 and 0 == wide[0] < wide[1] < wide[2] < 1000   # sizes: fills
     last = rng.integers(-2**40, 2**40, 500)                  # fills it: the serial pass
     tables[1].find_or_insert(last)
