@@ -28,7 +28,9 @@ scores back after the call), so a window of 32 slots is four cache lines;
 the table: then the call's keys' copies already hold their scores after the call
 (LRU scores a key it finds or inserts with the clock; a fill in ranges, which keeps
 the scores in ``mscore``, writes the clock there too) and :func:`restore_scores` has
-nothing to do.
+nothing to do; such a call neither reads nor writes ``mark`` either (no other key
+scores as high, and a mark counts only in the call that wrote it: calls are
+numbered up, and ``mark`` moves with its key only in calls that hold at ``MAX``).
 A victim's slot that the new key does not take is emptied by moving the later keys
 of its run back (backward-shift deletion): evicting inserts leave no tombstones, so
 the index is not rebuilt for them and probe sequences stay short.  The pass runs in
@@ -158,7 +160,7 @@ def _victim(slots, mask, key, window, mscore, mark, batch, hold):
         better = sc < best_score
         best = s if better else best
         best_score = sc if better else best_score
-    if best < 0:                     # none below the largest score: is there one at it?
+    if best < 0 and hold == MAX:     # none below the largest score: is there one at it?
         for t in range(window):
             s = (h + t) & mask
             if slots[2 * s + 1] >= 0 and mark[s] != batch:
@@ -181,7 +183,8 @@ def find_present(slots, mask, keys, rows, where, mscore, mark, batch, hold):
         if i + AHEAD // 2 < n:
             h = first_slot(keys[i + AHEAD // 2], mask)
             if slots[2 * h] == keys[i + AHEAD // 2]:
-                prefetch_write(mark, 8 * h)
+                if hold == MAX:
+                    prefetch_write(mark, 8 * h)
                 prefetch_write(mscore, 8 * h)
         present_one(slots, mask, keys, rows, where, mscore, mark, batch, hold, i)
 
@@ -193,7 +196,8 @@ def present_one(slots, mask, keys, rows, where, mscore, mark, batch, hold, i):
     where[i] = s
     rows[i] = -2 if s < 0 else slots[2 * s + 1]
     if s >= 0:
-        mark[s] = batch
+        if hold == MAX:
+            mark[s] = batch
         mscore[s] = hold
 
 
@@ -256,11 +260,11 @@ def sync_one(slots, scores, mscore, mark, s):
 
 
 @njit(nogil=True, cache=True)
-def _vacate(slots, mask, v, mscore, mark):
+def _vacate(slots, mask, v, mscore, mark, marks):
     """Empty slot ``v`` without a tombstone: each later key of its run whose probe
-    sequence passes the hole moves back into it (with its ``mscore`` / ``mark``),
-    leaving a hole where it was, until an empty slot ends the run.  Returns the last
-    slot written (the hole left empty)."""
+    sequence passes the hole moves back into it (with its ``mscore``, and its ``mark``
+    if ``marks``), leaving a hole where it was, until an empty slot ends the run.
+    Returns the last slot written (the hole left empty)."""
     hole = v
     j = (v + 1) & mask
     for _ in range(mask):
@@ -271,7 +275,8 @@ def _vacate(slots, mask, v, mscore, mark):
             slots[2 * hole] = slots[2 * j]
             slots[2 * hole + 1] = w
             mscore[hole] = mscore[j]
-            mark[hole] = mark[j]
+            if marks:
+                mark[hole] = mark[j]
             hole = j
         j = (j + 1) & mask
     slots[2 * hole + 1] = EMPTY
@@ -341,7 +346,8 @@ def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, hold
             else:
                 h = first_slot(keys[j], mask)
                 prefetch_write(slots, 16 * h)
-                prefetch_write(mark, 8 * h)
+                if hold == MAX:
+                    prefetch_write(mark, 8 * h)
                 if size >= limit:
                     for off in range(8 * h, min(8 * (h + window), 8 * (mask + 1)), 64):
                         prefetch_write(mscore, off)
@@ -355,7 +361,8 @@ def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, hold
                 if v >= 0:
                     prefetch_write(slots, 16 * v)        # (and the run after it, which
                     prefetch_write(slots, 16 * v + 64)   # moves back when it is vacated)
-                    prefetch_write(mark, 8 * v)
+                    if hold == MAX:
+                        prefetch_write(mark, 8 * v)
         if t + AHEAD // 2 < b and size >= limit:
             j = idx[t + AHEAD // 2]
             v = spec[(t + AHEAD // 2) % F]
@@ -435,10 +442,11 @@ def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, hold
         slots[2 * p] = key
         slots[2 * p + 1] = r
         mscore[p] = hold
-        mark[p] = batch
+        if hold == MAX:
+            mark[p] = batch
         _wrote(spec, t, h, p, mask)
         if v >= 0:                  # placed before the victim: empty the victim's slot
-            _wrote(spec, t, h, _vacate(slots, mask, v, mscore, mark), mask)
+            _wrote(spec, t, h, _vacate(slots, mask, v, mscore, mark, hold == MAX), mask)
         scores[r] = score
         rows[i] = r
         where[i] = p

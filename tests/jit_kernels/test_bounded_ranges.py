@@ -222,13 +222,15 @@ def test_an_lru_call_that_holds_its_clock_needs_no_restore(mode, keys, window, s
     """An LRU call whose clock is above every score may mark its keys with the clock
     (``hold``) instead of ``MAX``: the same victims, rows and index, and the score
     copies already right after the call, with no :func:`restore_scores` (a fill in
-    ranges too: it keeps the scores in ``mscore``, the clock for the call's keys)."""
+    ranges too: it keeps the scores in ``mscore``, the clock for the call's keys);
+    such a call leaves ``mark`` alone."""
     a = Table(window, kb.LRU, seed, **(FILL if mode == "fill" else {}))
     present = a.slots[0::2][a.slots[1::2] >= 0]
     extra = data.draw(st.lists(st.sampled_from(present.tolist()), max_size=40))
     keys = np.array(keys + extra, np.int64)
     b = a.copy()
     b.hold = np.int64(5)            # above the Table's clocks (1-3)
+    marks = b.mark.copy()
     scores = np.zeros(keys.shape[0], np.int64)
     if mode == "serial":
         outs = a.serial(keys, scores, 5), b.serial(keys, scores, 5)
@@ -236,8 +238,9 @@ def test_an_lru_call_that_holds_its_clock_needs_no_restore(mode, keys, window, s
         outs = a.ranges(keys, scores, 5, 4), b.ranges(keys, scores, 5, 4)
     for x, y in zip(*outs):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-    for name in ("slots", "scores", "mscore", "mark", "free"):
+    for name in ("slots", "scores", "mscore", "free"):
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+    np.testing.assert_array_equal(b.mark, marks)        # neither read nor written
     live = a.slots[1::2] >= 0
     np.testing.assert_array_equal(a.mscore[live], a.scores[a.slots[1::2][live]])
 
