@@ -4,6 +4,7 @@
     python -m numbaemb.warmup --all-dtypes       # int32/int64 keys x float32/float64 values
     NUMBA_CACHE_DIR=/shared/numba python -m numbaemb.warmup   # a cache several hosts share
     python -m numbaemb.warmup --prebuilt DIR     # the set a wheel build ships (jit_kernels.prebuilt)
+    python -m numbaemb.warmup --groups table,bounded   # only these groups of GROUPS
 
 Run it once when building an image, at the start of a CI job (cache the directory
 between jobs) or on each node before a distributed job: the first table operations of
@@ -37,19 +38,21 @@ DEFAULT = [("int64", "float32")]
 ALL = [(k, v) for k in ("int64", "int32") for v in ("float32", "float64")]
 
 
-def tasks(dtypes=None):
+def tasks(dtypes=None, groups=None):
     """The warmup's units of work, ``(key dtype, value dtype, build, group)``: every
-    group of kernels of :data:`GROUPS` for each dtype pair and each build (``"serial"``:
-    the twins small batches run, ``"parallel"``: the ``prange`` builds)."""
+    group of kernels of :data:`GROUPS` (or of ``groups``, names of it) for each dtype
+    pair and each build (``"serial"``: the twins small batches run, ``"parallel"``: the
+    ``prange`` builds)."""
     return [(k, v, build, group) for k, v in dtypes or DEFAULT
             for build in ("serial", "parallel") for group in GROUPS
-            if build == "serial" or group not in ONCE]
+            if (build == "serial" or group not in ONCE) and (not groups or group in groups)]
 
 
-def warm(dtypes=None, verbose=False, part=(0, 1)):
-    """Run every kernel once per ``(key dtype, value dtype)`` pair (default: int64 /
-    float32); returns ``{what: seconds}`` (the last pair's).  ``part=(i, n)`` runs
-    only the tasks ``i, i + n, ...`` of :func:`tasks` (one worker of ``--jobs n``)."""
+def warm(dtypes=None, verbose=False, part=(0, 1), groups=None):
+    """Run every kernel (of ``groups``, default all of :data:`GROUPS`) once per ``(key
+    dtype, value dtype)`` pair (default: int64 / float32); returns ``{what: seconds}``
+    (the last pair's).  ``part=(i, n)`` runs only the tasks ``i, i + n, ...`` of
+    :func:`tasks` (one worker of ``--jobs n``)."""
     import numbaemb as ne
     from jit_kernels import segment
     times = {}
@@ -63,7 +66,7 @@ def warm(dtypes=None, verbose=False, part=(0, 1)):
 
     saved = segment.PARALLEL_MIN
     try:
-        for key_dtype, value_dtype, build, group in tasks(dtypes)[part[0]::part[1]]:
+        for key_dtype, value_dtype, build, group in tasks(dtypes, groups)[part[0]::part[1]]:
             if verbose:
                 print(f"{key_dtype} keys, {value_dtype} values, {build} kernels: {group}",
                       flush=True)
@@ -181,7 +184,7 @@ GROUPS = {"table": _warm_table, "optimizers": _warm_optimizers, "training": _war
 ONCE = ("many tables", "bounded", "string keys")
 
 
-def _in_workers(jobs, all_dtypes, prebuilt_dir):
+def _in_workers(jobs, all_dtypes, prebuilt_dir, groups=None):
     """Run the tasks in ``jobs`` worker processes, each with a cache directory of its
     own (no waiting on one another's index locks), then merge their caches into
     ``prebuilt_dir``, or else into this process's cache."""
@@ -196,7 +199,8 @@ def _in_workers(jobs, all_dtypes, prebuilt_dir):
             env = dict(os.environ, NUMBA_CACHE_DIR=os.path.join(tmp, f"cache{i}"),
                        NUMBAEMB_PREBUILT="0")
             cmd = [sys.executable, "-m", "numbaemb.warmup", "-q", "--part", f"{i}/{jobs}",
-                   "--prebuilt", out] + (["--all-dtypes"] if all_dtypes else [])
+                   "--prebuilt", out] + (["--all-dtypes"] if all_dtypes else []) \
+                + (["--groups", ",".join(groups)] if groups else [])
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.PIPE, text=True))
         errors = [p.communicate()[1] for p in procs]
@@ -222,20 +226,26 @@ def main(argv=None):
     ap.add_argument("--prebuilt", metavar="DIR",
                     help="then copy the cache files into DIR with a manifest (what a wheel "
                          "build ships in jit_kernels/prebuilt; see jit_kernels.prebuilt)")
+    ap.add_argument("--groups", metavar="G,G",
+                    help="only these groups of kernels, comma-separated: " + ", ".join(GROUPS))
     ap.add_argument("--part", help=argparse.SUPPRESS)       # i/n: one worker's share
     args = ap.parse_args(argv)
+    groups = args.groups.split(",") if args.groups else None
+    unknown = sorted(set(groups or ()) - set(GROUPS))
+    if unknown:
+        ap.error(f"--groups: unknown group {unknown[0]!r} (one of {', '.join(GROUPS)})")
     t0 = time.perf_counter()
     dtypes = ALL if args.all_dtypes else DEFAULT
-    jobs = args.jobs or min(os.cpu_count() or 1, len(tasks(dtypes)))
+    jobs = args.jobs or min(os.cpu_count() or 1, len(tasks(dtypes, groups)))
     if args.part or jobs <= 1:
         part = tuple(int(x) for x in args.part.split("/")) if args.part else (0, 1)
-        warm(dtypes, verbose=not args.quiet, part=part)
+        warm(dtypes, verbose=not args.quiet, part=part, groups=groups)
         if args.prebuilt:
             from jit_kernels import prebuilt
             n = prebuilt.collect(args.prebuilt)
             print(f"{n} functions' cache files copied to {args.prebuilt}", file=sys.stderr)
     else:
-        _in_workers(jobs, args.all_dtypes, args.prebuilt)
+        _in_workers(jobs, args.all_dtypes, args.prebuilt, groups)
     if args.part:
         return
     import numba.core.config as cfg

@@ -53,10 +53,32 @@ def test_warm_runs_every_group():
 
 
 def test_after_warmup_the_table_job_compiles_nothing():
-    """Small batches run the serial twins, large ones the parallel builds: both cached."""
-    out = run("-m", "numbaemb.warmup", "-q").stderr
+    """Small batches run the serial twins, large ones the parallel builds: both cached.
+    (The warmup runs in one process here, on the shared cache the other tests fill:
+    compiling everything again in private caches took 140 s of the suite.)"""
+    out = run("-m", "numbaemb.warmup", "-q", "--jobs", "1").stderr
     assert "compiled and cached" in out
     for args in (("1000",), ("300000",), ("1000", "bounded"), ("10000", "bounded"),
                  ("1000", "strings")):
         got = json.loads(run("-c", JOB, *args).stdout.strip().splitlines()[-1])
         assert got["misses"] == 0 and got["hits"] > 0, (args, got)
+
+
+def test_a_warmup_in_worker_processes_fills_an_empty_cache(tmp_path):
+    """``--jobs 2``: each worker compiles its share of the tasks in a cache of its own and
+    the caches merge into this one; a later job there compiles nothing (the groups its
+    table ops and Adam step use; the whole warmup is the test above)."""
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "cache"), "NUMBAEMB_PREBUILT": "0"}
+    out = run("-m", "numbaemb.warmup", "-q", "--jobs", "2", "--groups", "table,optimizers",
+              env=env).stderr
+    assert "(2 processes)" in out
+    for args in (("1000",), ("300000",)):
+        got = json.loads(run("-c", JOB, *args, env=env).stdout.strip().splitlines()[-1])
+        assert got["misses"] == 0 and got["hits"] > 0, (args, got)
+
+
+def test_warmup_groups_are_checked():
+    assert [t[3] for t in warmup.tasks(groups=["bounded"])] == ["bounded"]
+    proc = subprocess.run([sys.executable, "-m", "numbaemb.warmup", "--groups", "tables"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and "unknown group 'tables'" in proc.stderr
