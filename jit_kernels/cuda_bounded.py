@@ -29,6 +29,7 @@ Example (needs a GPU or the simulator, so not a doctest)::
 import numpy as np
 
 from . import bounded as kb
+from . import bounded_accum as ka
 from . import cuda_table as ct
 from .slots import first_slot
 
@@ -112,7 +113,7 @@ def add_kernels(kernels, cuda_module, body, copy_row, init_cols, init_both):
         for i in range(cuda.grid(1), keys.shape[0], cuda.gridsize(1)):
             home[i] = (where[i] if rows[i] >= 0 else home_of(keys[i], mask)) // span
 
-    plan_group, apply_group = body(kb.plan_group), body(kb.apply_group)
+    plan_group, apply_group = body(ka.plan_group), body(ka.apply_group)
 
     @kernel
     def accum_plan(order, starts, present, exists, touch):
@@ -322,13 +323,13 @@ def absent_count(rows):
 
 
 def accum_plan(order, starts, present, exists, touch):
-    """See :func:`jit_kernels.bounded.accum_plan` (a thread a group)."""
+    """See :func:`jit_kernels.bounded_accum.accum_plan` (a thread a group)."""
     ct._go(_k().bounded_accum_plan, touch.shape[0], order, starts, present, exists, touch)
 
 
 def accum_apply(order, starts, touch, touch_rows, present, values, old, new, exists, rows,
                 inserted):
-    """See :func:`jit_kernels.bounded.accum_apply` (a thread a group)."""
+    """See :func:`jit_kernels.bounded_accum.accum_apply` (a thread a group)."""
     ct._go(_k().bounded_accum_apply, touch.shape[0], order, starts, touch, touch_rows, present,
            *ct._split(values), old, new, exists, rows, inserted)
 

@@ -22,6 +22,7 @@ import numba
 import numpy as np
 
 from jit_kernels import bounded as kb
+from jit_kernels import bounded_accum as ka
 from jit_kernels.initializers import ZEROS
 
 from .shard import Shard, _index_capacity
@@ -224,12 +225,12 @@ class BoundedShard(BoundedRows, Shard):
         starts = self._kernels.group_starts(keys[order])
         present = self.find_rows(keys) >= 0
         touch = np.empty(starts.shape[0] - 1, np.int64)
-        kb.accum_plan(order, starts, present, exists, touch)
+        ka.accum_plan(order, starts, present, exists, touch)
         acts = touch >= 0
         pos = np.sort(touch[acts])               # the acting positions, in batch order
         rows, inserted = self._insert(keys[pos], **kw)     # kw: the clock, epoch (no scores)
         self._init_new(rows, keys[pos], inserted, skip=("values",))
         touch_rows = np.full(touch.shape[0], -1, np.int64)
         touch_rows[acts] = rows[np.searchsorted(pos, touch[acts])]
-        kb.accum_apply(order, starts, touch, touch_rows, present, self.values, old, new, exists,
+        ka.accum_apply(order, starts, touch, touch_rows, present, self.values, old, new, exists,
                        np.empty(keys.shape[0], np.int64), np.empty(keys.shape[0], np.bool_))
