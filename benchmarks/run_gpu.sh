@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks in one go, for a lent GPU machine (no TensorFlow there):
-# the CUDA tests on the real GPU, then bench_cuda.py, bench_hybrid.py and the
-# bounded table's evicting inserts (bench_bounded.py --device cuda).
+# the CUDA tests on the real GPU (8 workers), the bounded table's evicting
+# inserts (bench_bounded.py --device cuda), then bench_cuda.py and bench_hybrid.py.
 # Logs go to $OUT (or ./gpu_logs). Each step has its own time limit, and a
 # failing step does not stop the next.
 #   bash benchmarks/run_gpu.sh
@@ -11,7 +11,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONWARNI
   python3 -c "import numba_cuda; print('numba-cuda', numba_cuda.__version__)"; } 2>&1 | tee "$OUT/versions.txt"
 step() { local limit=$1 name=$2; shift 2; echo "== $name: $*"; local t0=$SECONDS
   timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.txt"; echo "== $name: rc ${PIPESTATUS[0]}, $((SECONDS - t0)) s"; }
-step ${TESTS_S:-200} tests python3 -m pytest -m cuda -q -p no:cacheprovider tests
+step ${TESTS_S:-200} tests python3 -m pytest -m cuda -q -p no:cacheprovider -n ${WORKERS:-8} tests
+step ${BOUNDED_S:-120} bench_bounded python3 benchmarks/bench_bounded.py --device cuda --repeats 5 --stream 0
 step ${BENCH_S:-190} bench_cuda python3 benchmarks/bench_cuda.py --repeats ${REPEATS:-7} --profile --tiled 4 8 16
 step ${HYBRID_S:-100} bench_hybrid python3 benchmarks/bench_hybrid.py --repeats ${REPEATS:-7}
-step ${BOUNDED_S:-120} bench_bounded python3 benchmarks/bench_bounded.py --device cuda --repeats 5

@@ -24,3 +24,14 @@ REAL_GPU = (not SIMULATOR) and CUDA_OK
 needs_cuda = pytest.mark.skipif(
     not CUDA_OK, reason="no CUDA GPU and NUMBA_ENABLE_CUDASIM is not set (run `tox -e cudasim`)")
 needs_real_gpu = pytest.mark.skipif(not REAL_GPU, reason="needs a real CUDA GPU (not the simulator)")
+
+
+def assert_same_floats(actual, desired, err_msg=""):
+    """Float arrays bit for bit under the simulator (the CPU's own bodies run there); within 1e-5
+    relative on a GPU, whose compiler fuses multiply-adds and may round a pow, sqrt or
+    division differently (1 ulp a step seen on an H100 and an H200)."""
+    import numpy as np
+    if SIMULATOR or np.asarray(desired).dtype.kind not in "fc":   # ints, scores: exact
+        np.testing.assert_array_equal(actual, desired, err_msg=err_msg)
+    else:
+        np.testing.assert_allclose(actual, desired, rtol=1e-5, atol=1e-7, err_msg=err_msg)

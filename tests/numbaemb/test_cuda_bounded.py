@@ -12,7 +12,7 @@ import numbaemb as ne
 from jit_kernels import bounded as kb
 from numbaemb import initializers as I
 from numbaemb import optimizers as O
-from tests.cuda_support import needs_cuda
+from tests.cuda_support import assert_same_floats, needs_cuda
 
 pytestmark = [pytest.mark.cuda, needs_cuda]
 EXTREMES = [-2**63, 2**63 - 1, -1, 0]
@@ -36,8 +36,7 @@ def same_state(gpu, cpu):
     assert (g.n_full, g.n_deleted, g.fresh) == (c.n_full, c.n_deleted, c.fresh)
     for name, col in c.columns.items():
         n = c.fresh
-        np.testing.assert_array_equal(host(g.columns[name].data)[:n], col.data[:n],
-                                      err_msg=name)
+        assert_same_floats(host(g.columns[name].data)[:n], col.data[:n], err_msg=name)
     assert gpu.size() == cpu.size() <= cpu.max_capacity
 
 
@@ -86,13 +85,13 @@ def test_optimizer_steps_on_the_device_match_the_cpu(hybrid):
         O.apply_gradients(cpu, rule, ids, grads, step=step)
         same_state(gpu, cpu)
     keys = host(gpu.export()[0])
-    np.testing.assert_array_equal(host(gpu.lookup(keys)), cpu.lookup(keys))
+    assert_same_floats(host(gpu.lookup(keys)), cpu.lookup(keys))
     ev = gpu.find_or_insert(np.arange(100, 140), return_evicted="columns")[1:]
     want = cpu.find_or_insert(np.arange(100, 140), return_evicted="columns")[1:]
     np.testing.assert_array_equal(host(ev[0]), want[0])
     assert set(ev[1]) == set(want[1]) and len(want[1]) == 2 + len(rule.slots())
     for name, col in want[1].items():
-        np.testing.assert_array_equal(host(ev[1][name]), col, err_msg=name)
+        assert_same_floats(host(ev[1][name]), col, err_msg=name)
     keys = np.concatenate([EXTREMES, np.arange(90, 130)]).astype(np.int64)
     args = [rng.standard_normal((keys.shape[0], 3)).astype(np.float32) for _ in range(2)]
     exists = rng.random(keys.shape[0]) < 0.5

@@ -12,7 +12,7 @@ import numbaemb as ne
 from numbaemb import initializers as I
 from numbaemb.optimizers import SGD, Adagrad, Adam, Ftrl, RMSprop, apply_gradients, slot_values
 from jit_kernels.segment import unique_inverse
-from tests.cuda_support import SIMULATOR, needs_cuda
+from tests.cuda_support import SIMULATOR, assert_same_floats, needs_cuda
 
 pytestmark = [pytest.mark.cuda, needs_cuda]
 
@@ -73,10 +73,7 @@ def test_device_steps_match_the_cpu(name, mode):
     keys = np.unique(np.concatenate(seen))
     assert cpu.size() == gpu.size() == keys.shape[0]
     for a, b in zip(state(cpu, rule, keys), state(gpu, rule, keys)):
-        if SIMULATOR:
-            np.testing.assert_array_equal(b, a)
-        else:                    # a GPU's pow / sqrt / division may round differently
-            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
+        assert_same_floats(b, a)
 
 
 @pytest.mark.parametrize("value_dtype", ["float16", "bfloat16"])
@@ -101,7 +98,7 @@ def test_device_steps_on_16_bit_tables_match_the_cpu(value_dtype):
         eps = float(np.finfo(np.float16).eps) if value_dtype == "float16" else 2.0 ** -7
         np.testing.assert_allclose(w_gpu, w_cpu, rtol=eps, atol=1e-7)
         for a, b in zip(slots_cpu, slots_gpu):
-            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
+            assert_same_floats(b, a)
 
 
 def test_device_step_takes_device_arrays_and_applies_nothing_on_bad_input():
