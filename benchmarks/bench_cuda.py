@@ -74,10 +74,9 @@ def median_ms(cuda, fn, repeats, restore=None):
 
 class Bench:
     def __init__(self, cuda, log2_capacity, batch, repeats, profile=False, init_kind=NORMAL,
-                 tiled=()):
+                 x4=False):
         self.cuda = cuda
-        self.tiled = tuple(tiled)
-        self.scratch = ct.Scratch()
+        self.x4 = x4
         self.init_kind = init_kind
         self.profile = profile
         self.cap = 1 << log2_capacity
@@ -133,10 +132,9 @@ class Bench:
 
         res["find"] = self.time(lambda: ct.lookup(self.slots, self.mask, hits, self.values,
                                                   out, ex, *self.init))
-        for lanes in self.tiled:       # the tiled probe (jit_kernels.cuda_table.lookup_tiled)
-            res[f"find tiled {lanes}"] = self.time(lambda: ct.lookup_tiled(
-                self.slots, self.mask, hits, self.values, out, ex, *self.init, lanes=lanes,
-                scratch=self.scratch))
+        if self.x4:                    # four slots a probe step (probing.find_row_x4)
+            res["find x4"] = self.time(lambda: ct.lookup(
+                self.slots, self.mask, hits, self.values, out, ex, *self.init, step=4))
 
         sc = ct.Scratch()
 
@@ -209,9 +207,9 @@ def main():
     ap.add_argument("--init", choices=["normal", "zeros"], default="normal",
                     help="initializer of new rows (default normal(0, 1), as a table "
                          "of embeddings would use; zeros: no per-value work)")
-    ap.add_argument("--tiled", type=int, nargs="*", default=[], metavar="LANES",
-                    help="also time find with the tiled probe, tiles of LANES lanes (e.g. 4 8 "
-                         "16), printed after the table")
+    ap.add_argument("--x4", action="store_true",
+                    help="also time find with the probe that reads four slots a step "
+                         "(printed after the table)")
     ap.add_argument("--profile", action="store_true",
                     help="also time find_or_insert's parts alone (printed after the table)")
     args = ap.parse_args()
@@ -219,14 +217,14 @@ def main():
     name = getattr(cuda.get_current_device(), "name", "CUDA simulator")
     name = name.decode() if isinstance(name, bytes) else name
     bench = Bench(cuda, args.log2_capacity, args.batch, args.repeats, args.profile,
-                  NORMAL if args.init == "normal" else ZEROS, args.tiled)
+                  NORMAL if args.init == "normal" else ZEROS, args.x4)
     ops = ["find", "find_or_insert", "insert_or_assign", "accum", "export", "limit"]
     print(f"GPU: {name}; index 2^{args.log2_capacity} slots; batch {args.batch} keys; "
           f"float32 values; {args.init} initializer; billions of keys/s "
           f"(median of {args.repeats})\n")
     print("| dim | load | " + " | ".join(ops[:-1]) + " | gather limit | find / limit |")
     print("|---:|---:|" + "---:|" * (len(ops) + 1))
-    parts, tiled = [], []
+    parts, x4 = [], []
     for dim in args.dims:
         for load in args.loads:
             r = bench.run(dim, load)
@@ -234,13 +232,11 @@ def main():
             frac = f"{100 * r['find'] / r['limit']:.0f}%" if "limit" in r else "n/a"
             print(f"| {dim} | {load} | " + " | ".join(cells) + f" | {frac} |", flush=True)
             parts.append((dim, load, {k: v for k, v in r.items() if k.startswith("fi: ")}))
-            tiled.append((dim, load, r["find"], {k[11:]: v for k, v in r.items()
-                                                 if k.startswith("find tiled ")}))
-    if args.tiled:
-        print("\nfind with the tiled probe (billions of keys/s; one lane a key in the table):")
-        for dim, load, plain, t in tiled:
-            print(f"  dim {dim} load {load}: one lane {plain:.2f}, " + ", ".join(
-                f"tiles of {k} {v:.2f}" for k, v in t.items()))
+            x4.append((dim, load, r["find"], r.get("find x4")))
+    if args.x4:
+        print("\nfind, slots a probe step (billions of keys/s):")
+        for dim, load, one, four in x4:
+            print(f"  dim {dim} load {load}: one {one:.2f}, four {four:.2f} ({four / one:.2f}x)")
     if args.profile:
         print("\nfind_or_insert, its parts alone (milliseconds per batch):")
         for dim, load, p in parts:

@@ -13,5 +13,5 @@ step() { local limit=$1 name=$2; shift 2; echo "== $name: $*"; local t0=$SECONDS
   timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.txt"; echo "== $name: rc ${PIPESTATUS[0]}, $((SECONDS - t0)) s"; }
 step ${TESTS_S:-200} tests python3 -m pytest -m cuda -q -p no:cacheprovider -n ${WORKERS:-8} tests
 step ${BOUNDED_S:-120} bench_bounded python3 benchmarks/bench_bounded.py --device cuda --repeats 5 --stream 0
-step ${BENCH_S:-190} bench_cuda python3 benchmarks/bench_cuda.py --repeats ${REPEATS:-7} --profile --tiled 4 8 16
+step ${BENCH_S:-190} bench_cuda python3 benchmarks/bench_cuda.py --repeats ${REPEATS:-7} --profile --x4
 step ${HYBRID_S:-100} bench_hybrid python3 benchmarks/bench_hybrid.py --repeats ${REPEATS:-7}

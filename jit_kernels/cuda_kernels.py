@@ -24,7 +24,7 @@ from . import initializers as _inits
 from . import optimizers as _opt
 from . import probing as _probing
 from .halfs import load, store
-from .slots import EMPTY, first_slot, is_full
+from .slots import EMPTY, is_full
 
 cuda = None            # numba.cuda, bound by build() (the simulator swaps this global)
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
@@ -56,6 +56,7 @@ def build(threads):
     from numba import cuda as _cuda
     cuda = _cuda
     find_row = _body(_probing.find_row)
+    find_row_x4 = _body(_probing.find_row_x4)
     find_or_insert_key = _body(_probing.find_or_insert_key)
     insert_unique = _body(_probing.insert_unique)
     erase_key = _body(_probing.erase_key)
@@ -63,7 +64,6 @@ def build(threads):
     key_stream = _body(_inits.key_stream, returns=np.uint64)
     init_value = _body(_inits.init_value)
     full = _body(is_full)
-    home = _body(first_slot)
     jit = cuda.jit
     kernels = {}
 
@@ -212,37 +212,14 @@ def build(threads):
                         exists, kind, a, b, seed, const, lane, 1 << log_t)
 
     @kernel
-    def find_rows_tiled(slots, mask, keys, rows, log_t):
-        """rows[i] = row of keys[i]; ``rows`` starts all -1.  A tile of 2**log_t lanes
-        probes each key's chain together: lane j reads chain positions j, j + t, ...
-        until it finds the key or an EMPTY slot (nothing lies past one), so a long
-        chain costs about chain / t dependent loads, coalesced across the tile.  Keys
-        are unique in the index, so at most one lane finds it and writes its row."""
-        tid = cuda.grid(1)
-        t = 1 << log_t
-        lane = tid & (t - 1)
-        for i in range(tid >> log_t, keys.shape[0], cuda.gridsize(1) >> log_t):
-            key = keys[i]
-            s = (home(key, mask) + lane) & mask
-            for _ in range(lane, mask + 1, t):
-                word = slots[2 * s + 1]
-                if word == EMPTY:
-                    break
-                if full(word) and slots[2 * s] == key:
-                    rows[i] = word
-                    break
-                s = (s + t) & mask
-
-    @kernel
-    def gather_or_init(rows, values, spill, split, keys, out, exists, kind, a, b, seed, const,
-                       log_t):
-        """out[i] = row rows[i] of values (SplitRows: head, tail, split), or the initial
-        value of keys[i] where rows[i] < 0; exists[i] = rows[i] >= 0."""
+    def lookup_x4(slots, mask, keys, values, spill, split, out, exists, kind, a, b, seed,
+                  const, log_t):
+        """``lookup`` with the probe that reads four slots a step (``find_row_x4``)."""
         tid = cuda.grid(1)
         lane = tid & ((1 << log_t) - 1)
         for i in range(tid >> log_t, keys.shape[0], cuda.gridsize(1) >> log_t):
-            row_or_init(rows[i], i, values, spill, split, keys, out, exists, kind, a, b, seed,
-                        const, lane, 1 << log_t)
+            row_or_init(find_row_x4(slots, mask, keys[i]), i, values, spill, split, keys, out,
+                        exists, kind, a, b, seed, const, lane, 1 << log_t)
 
     @kernel
     def find_rows(slots, mask, keys, rows, missing):

@@ -232,26 +232,18 @@ def device_empty_slots(capacity, out=None):
 
 
 # ---- drivers (same names and arguments as cpu_table) ------------------------------------
-def lookup(slots, mask, keys, values, out, exists, kind, a, b, seed, const):
-    """out[i] = values[row(keys[i])], or the key's initial value when absent."""
+# Slots a step of the lookup's probe: 1 (find_row) or 4 (find_row_x4, four slots'
+# loads issued together; for long chains at high load).
+PROBE_STEP = 1
+
+
+def lookup(slots, mask, keys, values, out, exists, kind, a, b, seed, const, step=None):
+    """out[i] = values[row(keys[i])], or the key's initial value when absent; ``step``:
+    slots a probe step reads (1 or 4; default ``PROBE_STEP``), the same result."""
     K = _kernels()
-    _rows(K.lookup, keys.shape[0], out.shape[1], slots, mask, keys, *_split(values), out,
+    kernel = K.lookup_x4 if (step or PROBE_STEP) == 4 else K.lookup
+    _rows(kernel, keys.shape[0], out.shape[1], slots, mask, keys, *_split(values), out,
           exists, kind, a, b, seed, const, cols_per_lane=COLS_PER_LANE_PROBING)
-
-
-def lookup_tiled(slots, mask, keys, values, out, exists, kind, a, b, seed, const, lanes=8,
-                 scratch=None):
-    """:func:`lookup`'s result in two launches: ``find_rows_tiled`` (a tile of ``lanes``
-    lanes probes each key's chain together), then ``gather_or_init``.  For indexes at
-    high load, where one lane a key waits on long chains; ``benchmarks/bench_cuda.py
-    --probe tiled`` compares the two (not yet measured on a GPU)."""
-    K = _kernels()
-    n = keys.shape[0]
-    rows = (scratch or Scratch()).array("tiled_rows", n, np.int64)
-    _go(K.fill, n, rows, np.int64(-1))
-    _go(K.find_rows_tiled, n, slots, mask, keys, rows, lanes.bit_length() - 1, width=lanes)
-    _rows(K.gather_or_init, n, out.shape[1], rows, *_split(values), keys, out, exists, kind,
-          a, b, seed, const)
 
 
 def find_rows(slots, mask, keys, rows, scratch=None):

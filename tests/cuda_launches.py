@@ -79,10 +79,10 @@ def workload():
     hybrid = ne.Variable(4, device="cuda", max_hbm_bytes=64)
     hybrid.find_or_insert(np.arange(40))
     hybrid.lookup(np.arange(50))
-    s = hybrid.shards[0]               # the tiled-probe lookup (a benchmark variant)
+    s = hybrid.shards[0]               # the four-slot probe (a benchmark variant)
     out, ex = cuda.device_array((5, 4), np.float32), cuda.device_array(5, np.bool_)
-    ct.lookup_tiled(s.slots, s.mask, cuda.to_device(np.arange(5)), s.values, out, ex,
-                    *s.columns["values"].init)
+    ct.lookup(s.slots, s.mask, cuda.to_device(np.arange(5)), s.values, out, ex,
+              *s.columns["values"].init, step=4)
     with tempfile.TemporaryDirectory() as d:
         hybrid.save(f"{d}/t.nbe")
         ne.Variable.load(f"{d}/t.nbe", device="cuda").lookup(np.arange(5))

@@ -174,11 +174,11 @@ def test_lookup_matches_cpu(cuda, init):
     np.testing.assert_array_equal(g_out.copy_to_host(), c_out)
 
 
-@pytest.mark.parametrize("lanes", [1, 4, 8])
-def test_tiled_lookup_matches_cpu_at_high_load_with_tombstones(cuda, lanes):
-    """lookup_tiled (a tile of lanes probing each chain together) gives the CPU lookup's
-    rows and initial values on an index at load 0.9 whose chains hold tombstones and
-    wrap around the end of the index."""
+@pytest.mark.parametrize("step", [1, 4])
+def test_lookup_probe_steps_match_cpu_at_high_load_with_tombstones(cuda, step):
+    """lookup reading one or four slots a probe step gives the CPU lookup's rows and
+    initial values on an index at load 0.9 whose chains hold tombstones and wrap
+    around the end of the index."""
     rng = np.random.default_rng(4)
     present = np.unique(keys_with_extremes(rng, 240))[:230]
     slots = built_index(present, capacity=256)              # load 0.9: long chains
@@ -192,8 +192,8 @@ def test_tiled_lookup_matches_cpu_at_high_load_with_tombstones(cuda, lanes):
     c_out, c_ex = np.empty((n, DIM), np.float32), np.empty(n, np.bool_)
     cpu.lookup(slots, 255, probe, values, c_out, c_ex, *init)
     g_out, g_ex = cuda.device_array((n, DIM), np.float32), cuda.device_array(n, np.bool_)
-    ct.lookup_tiled(cuda.to_device(slots), 255, cuda.to_device(probe), cuda.to_device(values),
-                    g_out, g_ex, *init[:4], cuda.to_device(init[4]), lanes=lanes)
+    ct.lookup(cuda.to_device(slots), 255, cuda.to_device(probe), cuda.to_device(values),
+              g_out, g_ex, *init[:4], cuda.to_device(init[4]), step=step)
     assert c_ex.sum() == 230 - erased.shape[0]
     assert (g_ex.copy_to_host() == c_ex).all()
     np.testing.assert_array_equal(g_out.copy_to_host(), c_out)

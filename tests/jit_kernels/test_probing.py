@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jit_kernels.hashing import hash_key, mix64
-from jit_kernels.probing import (erase_key, find_or_insert_key, find_row, find_slot,
-                                 insert_unique, take_row)
+from jit_kernels.probing import (erase_key, find_or_insert_key, find_row, find_row_x4,
+                                 find_slot, insert_unique, take_row)
 from jit_kernels.slots import (BUSY, DELETED, EMPTY, empty_slots, first_slot, is_busy,
                                is_empty, is_full, next_slot)
 
@@ -135,10 +135,10 @@ def test_long_collision_chain_with_wraparound():
     # they sit in consecutive slots starting at the home slot, wrapping around
     for i, k in enumerate(chain):
         assert find_slot(s, mask, k) == (mask + i) & mask
-        assert find_row(s, mask, k) == 100 + i
+        assert find_row(s, mask, k) == 100 + i == find_row_x4(s, mask, k)
     # an absent key with the same home walks the whole chain and misses
     absent = keys_with_home(mask, mask, 1, start=chain[-1] + 1)[0]
-    assert find_row(s, mask, absent) == -1
+    assert find_row(s, mask, absent) == -1 == find_row_x4(s, mask, absent)
 
 
 def test_full_table_terminates():
@@ -150,11 +150,12 @@ def test_full_table_terminates():
         assert find_or_insert_key(s, mask, k, alloc, free, 0, 0)[1]
     assert (s[1::2] >= 0).all()
     assert find_slot(s, mask, 5) == -1 and find_row(s, mask, 5) == -1
+    assert find_row_x4(s, mask, 5) == -1
     assert find_or_insert_key(s, mask, 5, alloc, free, 0, 0) == (-1, False)
     assert alloc[0] == 8                          # no row taken for the failed insert
     assert insert_unique(s, mask, 5, 99) == -1
     for k in ks:
-        assert find_row(s, mask, k) >= 0
+        assert find_row(s, mask, k) >= 0 and find_row_x4(s, mask, k) == find_row(s, mask, k)
 
 
 def test_tombstones_keep_chains_and_are_not_reused():
@@ -175,6 +176,22 @@ def test_tombstones_keep_chains_and_are_not_reused():
     assert find_slot(s, mask, a) == 6             # after the chain, tombstone untouched
     assert s[2 * 3 + 1] == DELETED
     assert full_slot_map(s) == {a: 3, b: rb, c: rc}
+
+
+@given(st.lists(keys_st, min_size=1, max_size=60, unique=True), st.data())
+def test_four_slot_probe_is_find_row_at_high_load(keys, data):
+    """find_row_x4 (four slots a probe step, the GPU lookup's variant) against
+    find_row on an index of 64 slots up to load 0.94, with tombstones: present, erased
+    and absent keys."""
+    mask = 63
+    s = empty_slots(64)
+    alloc, free = fresh_alloc()
+    for k in keys:
+        find_or_insert_key(s, mask, k, alloc, free, 0, 0)
+    for k in data.draw(st.lists(st.sampled_from(keys), max_size=len(keys) // 3)):
+        erase_key(s, mask, k)
+    for k in keys + data.draw(st.lists(keys_st, max_size=10)):
+        assert find_row_x4(s, mask, k) == find_row(s, mask, k)
 
 
 def test_take_row_free_list_top_down_then_fresh():
@@ -221,7 +238,8 @@ def test_random_insert_erase_sequences_match_dict(ops, cap):
         else:
             assert erase_key(s, mask, k) == oracle.pop(k, -1)
         for key, row in oracle.items():
-            assert find_row(s, mask, key) == row
+            assert find_row(s, mask, key) == row == find_row_x4(s, mask, key)
+        assert find_row_x4(s, mask, k) == oracle.get(k, -1)     # four slots a step too
     assert full_slot_map(s) == oracle
     n_deleted = int((s[1::2] == DELETED).sum())
     assert n_deleted + len(oracle) == next_row    # each insert used a new slot
