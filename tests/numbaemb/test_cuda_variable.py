@@ -102,6 +102,35 @@ def test_growth_rehash_and_free_rows():
     assert gpu.size() == 0 and host(gpu.export()[0]).shape == (0,)
 
 
+def test_lookups_at_high_load_probe_four_slots_a_step(monkeypatch):
+    """From X4_LOAD of the index on, lookups read four slots a probe step: the CPU
+    table's values and initial values all the same, with tombstones in the chains."""
+    from numbaemb import cuda_shard
+    steps = []
+    real = cuda_shard.k.lookup
+    monkeypatch.setattr(cuda_shard.k, "lookup",
+                        lambda *a, step=None: steps.append(step) or real(*a, step=step))
+    kw = dict(initializer=I.RandomNormal(0.0, 1.0), seed=4, init_size=40)
+    gpu, cpu = ne.Variable(3, device="cuda", **kw), ne.Variable(3, **kw)
+    cap = gpu.shards[0].capacity
+    keys = np.concatenate([[-2**63, 2**63 - 1, -1, 0], np.arange(1, 100) * 7919])
+    probe = np.concatenate([keys, np.arange(-50, 50)])
+    for n in (int(0.3 * cap), int(0.7 * cap)):
+        for v in (gpu, cpu):
+            v.find_or_insert(keys[:n])
+            v.remove(keys[:n:5])
+        load = (gpu.shards[0].n_full + gpu.shards[0].n_deleted) / cap
+        assert gpu.shards[0].capacity == cap and load <= cuda_shard.MAX_LOAD
+        out, ex = gpu.lookup(probe, return_exists=True)
+        want, want_ex = cpu.lookup(probe, return_exists=True)
+        np.testing.assert_array_equal(ex.copy_to_host() if hasattr(ex, "copy_to_host") else ex,
+                                      want_ex)
+        np.testing.assert_array_equal(out.copy_to_host() if hasattr(out, "copy_to_host") else out,
+                                      want)
+        assert steps[-1] == (4 if load >= cuda_shard.X4_LOAD else 1)
+    assert steps == [1, 4]
+
+
 def test_device_inputs(cuda):
     gpu, cpu = pair(num_shards=2)
     keys = np.array([5, INT64_MIN, 5, 9, -1], np.int64)
