@@ -31,7 +31,7 @@ def timed(mod, name, key=None):
         t0 = time.perf_counter()
         out = f(*a, **kw)
         ct.cuda.synchronize()
-        entry = TIMES.setdefault(key(a) if key else name, [0, 0.0, 0])
+        entry = TIMES.setdefault(key(a, kw) if key else name, [0, 0.0, 0])
         entry[0] += 1
         entry[1] += time.perf_counter() - t0
         if name == "_run":
@@ -81,12 +81,13 @@ def main():
         t = float(np.median(plain))
         print(f"passes {threads} threads a block: {t * 1e3:.2f} ms a batch ({b / t / 1e6:.2f} M keys/s)")
     for name in ("find_present", "restore_scores", "bounded_insert", "bounded_insert_ranges",
-                 "init_copy", "absent_count", "nonneg"):
+                 "init_copy", "absent_count", "nonneg", "_round_two"):
         timed(kbc, name)
-    timed(kbc, "_run", key=lambda a: "_run ranges" if a[1].shape[0] > 2 else "_run one thread")
+    timed(kbc, "_run", key=lambda a, kw: "_run one thread" if a[1].shape[0] <= 2 else
+          "_run shifted ranges" if kw.get("off") else "_run ranges")
     for name in ("group_positions", "compact_nonneg"):
         timed(ct, name)
-    timed(ct, "_go", key=lambda a: "go " + getattr(getattr(a[0], "py_func", a[0]), "__name__", "?"))
+    timed(ct, "_go", key=lambda a, kw: "go " + getattr(getattr(a[0], "py_func", a[0]), "__name__", "?"))
     t0 = time.perf_counter()
     reps = todo
     for k in reps:

@@ -63,6 +63,7 @@ from numba import njit, prange
 
 from .cpu_table import ROWS_AHEAD, prefetch_read, prefetch_row, prefetch_write, rehash
 from .initializers import init_row
+from .bounded_groups import by_range, shifted
 from .slots import DELETED, EMPTY, first_slot, next_slot
 
 LRU, LFU, EPOCH_LRU, EPOCH_LFU, CUSTOM = 0, 1, 2, 3, 4
@@ -527,20 +528,24 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
     the table, not by the threads).  Each range runs, in batch order, the positions
     whose key lives in it (present keys: their slot; absent: their home slot) and
     that it can finish alone (:func:`_pass`); the positions it defers (a new key near
-    its end, under 1% of them) then run serially in batch order.  In a fill the
+    its end, under 1% of them) then run, into a full table, in the ranges shifted by
+    half a range (round two, where they lie mid-range; :func:`shifted`), and the
+    ones left (deferred again, or in the half ranges at the index's ends; in a fill,
+    every deferred one) serially in batch order.  In a fill the
     ranges give each new key its slot as a stand-in row (scores beside the slots, in
     ``mscore``) and the rows are handed out after them, range by range
     (:func:`range_rows`).  The result is that of :func:`bounded_insert` on the call's
     positions reordered by range (ranges in index order, a range's positions in batch
-    order), the deferred ones last (ranges touch disjoint slots, rows and scores): it
-    depends on the table and the call only.  ``deferred`` (n,) receives which
-    positions were; the evictions are reported in the order of the positions that
-    made them.  Returns ``(rows taken, keys evicted, tombstones made minus consumed,
+    order), then round two's (by shifted range, batch order in one), then the serial
+    ones (ranges touch disjoint slots, rows and scores): it depends on the table and
+    the call only.  ``deferred`` (n,) int64 receives each position's round: 0 the
+    ranges, 1 + g the g-th shifted range, ``n_ranges`` the serial pass; the
+    evictions are reported in the order of the positions that made them.  Returns ``(rows taken, keys evicted, tombstones made minus consumed,
     size after)``.
     """
     n = keys.shape[0]
     fill = size < limit
-    order, starts = _by_range(mask, keys, rows, where, n_ranges)
+    order, starts = by_range(mask, keys, rows, where, n_ranges)
     # the ranges work on copies in range order (contiguous, not scattered, accesses)
     k2, g2, r2, w2 = np.empty_like(keys), np.empty_like(given), np.empty_like(rows), \
         np.empty_like(where)
@@ -551,7 +556,7 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
         if fill:
             slot_row_one(r2, w2, scores, mscore, t)
     # evictions: range g's from starts[g] on, the deferred positions' from n on
-    ek, er, ep = np.empty(2 * n, np.int64), np.empty(2 * n, np.int64), np.empty(2 * n, np.int64)
+    ek, er, ep = np.empty(3 * n, np.int64), np.empty(3 * n, np.int64), np.empty(3 * n, np.int64)
     n_evs, made = np.zeros(n_ranges, np.int64), np.zeros(n_ranges, np.int64)
     no_rows = np.empty(0, np.int64)
     same = np.arange(n)
@@ -577,18 +582,42 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
                        free_rows, n_free, fresh_start)
     for t in prange(n):
         i = order[t]
-        rows[i], where[i], inserted[i], deferred[i] = r2[t], w2[t], new2[t], late2[t]
+        rows[i], where[i], inserted[i] = r2[t], w2[t], new2[t]
+        deferred[i] = n_ranges if late2[t] else 0
     late = np.flatnonzero(deferred)
+    m = late.shape[0]
+    e3 = n                          # the serial pass's evictions from e3 on
+    starts2, n_evs2 = np.zeros(1, np.int64), np.zeros(0, np.int64)
+    if not fill and m and n_ranges > 1:     # round two: the ranges shifted by half a range
+        for t in prange(m):                 # (the keys round one inserted are present now)
+            present_one(slots, mask, keys, rows, where, mscore, mark, batch, hold, late[t])
+        order2, starts2 = shifted(mask, keys, rows, where, late, n_ranges, deferred)
+        again = np.zeros(n, np.bool_)
+        n_evs2, made2 = np.zeros(n_ranges - 1, np.int64), np.zeros(n_ranges - 1, np.int64)
+        for g in prange(n_ranges - 1):
+            held, spec = _work()
+            out = _pass(order2, starts2[g], starts2[g + 1], slots, mask, keys, given, scores,
+                        mscore, mark, batch, hold, rows, where, inserted, no_rows, 0, 0, limit,
+                        limit, window, policy, epoch, clock, keep, (g + 1) * span + span // 2,
+                        ek, er, ep, n + starts2[g], again, held, spec)
+            n_evs2[g], made2[g] = out[1], out[2]
+        made[0] += made2.sum()
+        late = late[(deferred[late] == n_ranges) | again[late]]
+        deferred[late] = n_ranges
+        e3 = n + m
     held, spec = _work()
     nf, f0 = max(n_free - taken, 0), fresh_start + max(taken - n_free, 0)
     out = _pass(late, 0, late.shape[0], slots, mask, keys, given, scores, mscore, mark, batch,
                 hold, rows, where, inserted, free_rows, nf, f0, size + taken, limit, window, policy,
-                epoch, clock, keep, -1, ek, er, ep, n, deferred, held, spec)
+                epoch, clock, keep, -1, ek, er, ep, e3, np.zeros(n, np.bool_), held, spec)
     at = np.full(n, -1, np.int64)       # report them in the order of their positions
     for g in range(n_ranges):
         for e in range(starts[g], starts[g] + n_evs[g]):
             at[order[ep[e]]] = e
-    for e in range(n, n + out[1]):
+    for g in range(n_evs2.shape[0]):
+        for e in range(n + starts2[g], n + starts2[g] + n_evs2[g]):
+            at[ep[e]] = e
+    for e in range(e3, e3 + out[1]):
         at[ep[e]] = e
     c = 0
     for i in range(n):
@@ -597,28 +626,6 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
             ev_rows[c] = er[at[i]]
             c += 1
     return taken + out[0], c, made.sum() + out[2], out[3]
-
-
-@njit(nogil=True, cache=True)
-def _by_range(mask, keys, rows, where, n_ranges):
-    """The positions grouped by range of the index, batch order in a range (a counting
-    sort; present keys by their slot, absent ones by their home slot): ``(order,
-    starts)``, range g's positions ``order[starts[g]:starts[g + 1]]``."""
-    n = keys.shape[0]
-    span = (mask + 1) // n_ranges
-    starts = np.zeros(n_ranges + 1, np.int64)
-    home = np.empty(n, np.int64)
-    for i in range(n):
-        home[i] = (where[i] if rows[i] >= 0 else first_slot(keys[i], mask)) // span
-        starts[home[i] + 1] += 1
-    for g in range(n_ranges):
-        starts[g + 1] += starts[g]
-    order = np.empty(n, np.int64)
-    fill = starts[:-1].copy()
-    for i in range(n):
-        order[fill[home[i]]] = i
-        fill[home[i]] += 1
-    return order, starts
 
 
 # ---- a fill in ranges: per-position bodies (a GPU runs them a thread each) ---------------

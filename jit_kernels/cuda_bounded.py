@@ -76,16 +76,17 @@ def add_kernels(kernels, cuda_module, body, copy_row, init_cols, init_both):
             sync_one(slots, scores, mscore, mark, s)
 
     @kernel
-    def passes(idx, starts, span, slots, mask, keys, given, scores, mscore, mark, batch, hold,
-               rows, where, inserted, free_rows, n_free, fresh_start, size, limit, window, policy,
-               epoch, clock, keep, ev_keys, ev_rows, ev_pos, e_base, deferred, out):
+    def passes(idx, starts, span, off, slots, mask, keys, given, scores, mscore, mark, batch,
+               hold, rows, where, inserted, free_rows, n_free, fresh_start, size, limit, window,
+               policy, epoch, clock, keep, ev_keys, ev_rows, ev_pos, e_base, deferred, out):
         """Thread g: ``_pass`` over ``idx[starts[g]:starts[g + 1]]``; ``span > 0``: the
-        g-th range of ``span`` slots (evictions from ``e_base + starts[g]``)."""
+        g-th range of ``span`` slots, shifted by ``off`` (evictions from ``e_base +
+        starts[g]``)."""
         g = cuda.grid(1)
         if g < starts.shape[0] - 1:
             held = cuda.local.array(held_n, np.int64)
             spec = cuda.local.array(spec_n, np.int64)
-            hi = (g + 1) * span if span > 0 else -1
+            hi = (g + 1) * span + off if span > 0 else -1
             r = run_pass(idx, starts[g], starts[g + 1], slots, mask, keys, given, scores,
                          mscore, mark, batch, hold, rows, where, inserted, free_rows, n_free,
                          fresh_start, size, limit, window, policy, epoch, clock, keep, hi,
@@ -163,11 +164,28 @@ def add_kernels(kernels, cuda_module, body, copy_row, init_cols, init_both):
             k2[t], g2[t], r2[t], w2[t], late2[t] = keys[i], given[i], rows[i], where[i], False
 
     @kernel
-    def from_ranges(order, r2, w2, new2, late2, rows, where, inserted, deferred, late_pos):
+    def from_ranges(order, r2, w2, new2, late2, rows, where, inserted, deferred, late_pos,
+                    code):
         for t in range(cuda.grid(1), order.shape[0], cuda.gridsize(1)):
             i = order[t]
-            rows[i], where[i], inserted[i], deferred[i] = r2[t], w2[t], new2[t], late2[t]
+            rows[i], where[i], inserted[i] = r2[t], w2[t], new2[t]
+            deferred[i] = code if late2[t] else 0
             late_pos[i] = i if late2[t] else -1
+
+    @kernel
+    def present_at(late, slots, mask, keys, rows, where, mscore, mark, batch, hold):
+        for t in range(cuda.grid(1), late.shape[0], cuda.gridsize(1)):
+            present_one(slots, mask, keys, rows, where, mscore, mark, batch, hold, late[t])
+
+    @kernel
+    def take1(a, idx, out):
+        for t in range(cuda.grid(1), idx.shape[0], cuda.gridsize(1)):
+            out[t] = a[idx[t]]
+
+    @kernel
+    def set_at(idx, vals, out):
+        for t in range(cuda.grid(1), idx.shape[0], cuda.gridsize(1)):
+            out[idx[t]] = vals[t]
 
     @kernel
     def eviction_at(ep, starts, counts, order, at):
@@ -239,15 +257,15 @@ def rehash_serial(old_slots, new_slots, new_mask):
 PASS_THREADS = 1
 
 
-def _run(idx, starts, span, call, e_base, ev, deferred):
-    """Launch ``passes``: a thread per group of ``starts``; its per-group results (g, 5)
-    on the host and on the device."""
+def _run(idx, starts, span, call, e_base, ev, deferred, off=0):
+    """Launch ``passes``: a thread per group of ``starts`` (ranges of ``span`` slots
+    shifted by ``off``); its per-group results (g, 5) on the host and on the device."""
     cuda = ct.cuda
     g = starts.shape[0] - 1
     out = cuda.device_array((max(g, 1), 5), np.int64)
     threads = PASS_THREADS
     blocks = -(-g // threads)
-    _k().bounded_passes[max(blocks, 1), threads](idx, starts, span, *call, *ev, e_base,
+    _k().bounded_passes[max(blocks, 1), threads](idx, starts, span, off, *call, *ev, e_base,
                                                  deferred, out)
     return out[:g].copy_to_host(), out
 
@@ -291,7 +309,7 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
     ct._go(K.bounded_to_ranges, n, order, keys, given, rows, where, k2, g2, r2, w2, late2)
     if fill:
         ct._go(K.bounded_slot_rows, n, r2, w2, scores, mscore)
-    ek, er, ep = (cuda.device_array(2 * n, np.int64) for _ in range(3))
+    ek, er, ep = (cuda.device_array(3 * n, np.int64) for _ in range(3))
     no_rows = cuda.device_array(1, np.int64)
     call = (slots, mask, k2, g2, mscore if fill else scores, mscore, mark, batch, hold, r2, w2,
             new2, no_rows, -1 if fill else 0, 0, 0 if fill else limit,
@@ -304,23 +322,68 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
                new2, late2, scores, mscore, free_rows, n_free, fresh_start)
     late_pos = cuda.device_array(n, np.int64)
     ct._go(K.bounded_from_ranges, n, order, r2, w2, new2, late2, rows, where, inserted,
-           deferred, late_pos)
+           deferred, late_pos, n_ranges)
     late = cuda.device_array(max(n, 1), np.int64)
     m = ct.compact_nonneg(late_pos, late)
+    late, e3, made2 = late[:m], n, 0
+    at = ct.filled(n, -1, np.int64)
+    if not fill and m and n_ranges > 1:     # round two: the ranges shifted by half a range
+        late, made2 = _round_two(late, slots, mask, keys, given, scores, mscore, mark, batch,
+                                 hold, rows, where, inserted, n_ranges, limit, window, policy,
+                                 epoch, clock, keep, (ek, er, ep), deferred, at)
+        e3 = n + m
     call = (slots, mask, keys, given, scores, mscore, mark, batch, hold, rows, where,
             inserted, free_rows, max(n_free - taken, 0), fresh_start + max(taken - n_free, 0),
             size + taken, limit, window, policy, epoch, clock, keep)
-    res2, counts2 = _run(late[:m], cuda.to_device(np.array([0, m], np.int64)), 0, call, n,
-                         (ek, er, ep), deferred)
-    at = ct.filled(n, -1, np.int64)
+    m3 = late.shape[0]
+    res2, counts2 = _run(late, cuda.to_device(np.array([0, m3], np.int64)), 0, call, e3,
+                         (ek, er, ep), cuda.device_array(1, np.bool_))
     K.bounded_eviction_at[max(1, -(-n_ranges // ct._Launch.threads)), ct._Launch.threads](
         ep, starts, counts, order, at)
-    K.bounded_eviction_at[1, 1](ep, cuda.to_device(np.array([n, n], np.int64)), counts2,
+    K.bounded_eviction_at[1, 1](ep, cuda.to_device(np.array([e3, e3], np.int64)), counts2,
                                 cuda.device_array(0, np.int64), at)
     sel = cuda.device_array(max(n, 1), np.int64)
     c = ct.compact_nonneg(at, sel)
     ct._go(K.bounded_take_evicted, c, sel[:c], ek, er, ev_keys, ev_rows)
-    return (taken + int(res2[0, 0]), c, int(res[:, 2].sum() + res2[0, 2]), int(res2[0, 3]))
+    return (taken + int(res2[0, 0]), c, int(res[:, 2].sum() + made2 + res2[0, 2]),
+            int(res2[0, 3]))
+
+
+def _round_two(late, slots, mask, keys, given, scores, mscore, mark, batch, hold, rows, where,
+               inserted, n_ranges, limit, window, policy, epoch, clock, keep, ev, deferred, at):
+    """Round two of a full table's ranges (see the CPU's): the deferred positions
+    ``late`` (batch order) found again, grouped on the host (a few per range) by
+    shifted range, a thread a group; their evictions into ``at``.  Returns the
+    positions left for the serial pass (batch order, device) and the tombstones made."""
+    cuda, K = ct.cuda, _k()
+    n, m, span = keys.shape[0], late.shape[0], (mask + 1) // n_ranges
+    ct._go(K.bounded_present_at, m, late, slots, mask, keys, rows, where, mscore, mark, batch,
+           hold)
+    pos = late.copy_to_host()
+    lk, lr, lw = (_take1(a, late).copy_to_host() for a in (keys, rows, where))
+    code = np.full(m, n_ranges, np.int64)
+    order2, starts2 = kb.shifted(mask, lk, lr, lw, np.arange(m), n_ranges, code)
+    ct._go(K.bounded_set_at, m, late, cuda.to_device(code), deferred)
+    again = ct.filled(n, False, np.bool_)
+    call = (slots, mask, keys, given, scores, mscore, mark, batch, hold, rows, where, inserted,
+            cuda.device_array(1, np.int64), 0, 0, limit, limit, window, policy, epoch, clock,
+            keep)
+    res, counts = _run(cuda.to_device(pos[order2]), cuda.to_device(starts2), span, call, n, ev,
+                       again, off=span // 2)
+    K.bounded_eviction_at[max(1, -(-n_ranges // ct._Launch.threads)), ct._Launch.threads](
+        ev[2], cuda.to_device(n + starts2), counts, cuda.device_array(0, np.int64), at)
+    left = (code == n_ranges) | _take1(again, late).copy_to_host()
+    rest = cuda.to_device(pos[left])
+    ct._go(K.bounded_set_at, rest.shape[0], rest, ct.filled(rest.shape[0], n_ranges, np.int64),
+           deferred)
+    return rest, int(res[:, 2].sum())
+
+
+def _take1(a, idx):
+    """a[idx] for a 1-d device array (a thread an index)."""
+    out = ct.cuda.device_array(max(idx.shape[0], 1), a.dtype)[:idx.shape[0]]
+    ct._go(_k().bounded_take1, idx.shape[0], a, idx, out)
+    return out
 
 
 def absent_count(rows):

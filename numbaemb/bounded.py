@@ -142,7 +142,7 @@ class BoundedRows:
                 taken, ev, made, size = bk.bounded_insert_ranges(
                     *call, *rest, ranges, self.limit, self.window, self.policy, epoch,
                     clock, scores is None, ev_keys[n_ev:], ev_rows[n_ev:],
-                    self._new(k.shape[0], np.bool_))
+                    self._new(k.shape[0], np.int64))
             else:
                 taken, ev, made, size = bk.bounded_insert(
                     *call, *rest, self.limit, self.window, self.policy, epoch, clock,

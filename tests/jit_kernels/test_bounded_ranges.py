@@ -98,7 +98,7 @@ class Table:
     def ranges(self, keys, scores, clock, n_ranges):
         (slots, mask, keys), rows, where, new = self.start(keys)
         n = keys.shape[0]
-        ev_k, ev_r, late = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.bool_)
+        ev_k, ev_r, late = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
         out = kb.bounded_insert_ranges(
             slots, mask, keys, scores, *self.common(), rows, where, new, *self.rows_then(),
             n_ranges, self.limit, self.window, self.policy, 0, clock, False, ev_k, ev_r, late)
@@ -116,7 +116,14 @@ def check_same_as_serial(table, keys, scores, n_ranges):
                      for s, key in zip(at, keys.tolist())], np.int64)
     rows, where, new, ev_k, ev_r, out_a, late = a.ranges(keys, scores, 5, n_ranges)
     by_range = np.argsort(home, kind="stable")
-    perm = np.concatenate([by_range[~late[by_range]], np.flatnonzero(late)])
+    by_round = np.argsort(late, kind="stable")      # round two by shifted range, then
+    perm = np.concatenate([by_range[late[by_range] == 0], by_round[late[by_round] > 0]])
+    assert ((late >= 0) & (late <= n_ranges)).all()  # the serial pass, in batch order
+    if not full:
+        assert ((late == 0) | (late == n_ranges)).all()     # a fill has no round two
+    two = np.flatnonzero((late > 0) & (late < n_ranges) & new)   # inserted in round two:
+    for i in two.tolist():          # absent when it began, so in its home's shifted range
+        assert late[i] == (first_slot(keys[i], CAP - 1) + span // 2) // span
     rows_b, _, new_b, ev_kb, ev_rb, out = b.serial(keys[perm], scores[perm], 5)
     for name in ("slots", "scores", "mscore", "mark", "free"):
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
@@ -178,7 +185,7 @@ def test_ranges_equal_the_serial_pass_on_large_random_calls(fill):
     particular layout: many calls of 100-200 keys (into a full table most of them
     evict), every policy."""
     rng = np.random.default_rng(7 + fill)
-    deferred = 0
+    deferred = second = 0
     for ex in range(200 if fill else 400):
         window, n_ranges = [1, 2, 4, 8][ex % 4], [2, 4, 8, 16][ex // 4 % 4]
         policy = sorted(kb.POLICIES.values())[ex // 16 % 5]
@@ -186,8 +193,11 @@ def test_ranges_equal_the_serial_pass_on_large_random_calls(fill):
         n = int(rng.integers(100, 155) if fill else rng.integers(120, 200))
         keys = np.where(rng.random(n) < 0.05, rng.choice(POOL, n), rng.integers(-300, 300, n))
         scores = rng.integers(0, 9, n)
-        deferred += check_same_as_serial(table, keys.astype(np.int64), scores, n_ranges).sum()
+        late = check_same_as_serial(table, keys.astype(np.int64), scores, n_ranges)
+        deferred += (late > 0).sum()
+        second += ((late > 0) & (late < n_ranges)).sum()
     assert deferred > (500 if fill else 1000)       # the ranges' ends were in play
+    assert (second == 0) if fill else second > 300  # and round two, into a full table
 
 
 def test_a_range_that_defers_many_keys_defers_every_new_key_after():
