@@ -47,6 +47,9 @@ def main():
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=4)
     ap.add_argument("--evict", default="lru")
+    ap.add_argument("--ab-round-two", action="store_true",
+                    help="alternate batches with and without round two (the deferred "
+                         "positions in shifted ranges; without: all serial)")
     ap.add_argument("--pass-threads", type=int, nargs="+", default=[256, 1],
                     help="threads a block of the passes kernel, each timed (the last profiled)")
     args = ap.parse_args()
@@ -69,17 +72,24 @@ def main():
     todo = [cuda.to_device(keys[n + i * b:n + (i + 1) * b])
             for i in range(todo_n)]
     v.find_or_insert(todo.pop())          # compile
+    with_two = kbc._round_two
     for threads in args.pass_threads:
         kbc.PASS_THREADS = threads
-        plain = []
-        for _ in range(args.repeats):
+        plain = {True: [], False: []}
+        for r in range(args.repeats):
+            two = not (args.ab_round_two and r % 2)     # alternate: with, without
+            kbc._round_two = with_two if two else (lambda late, *a, **kw: (late, 0))
             k = todo.pop()
             t0 = time.perf_counter()
             v.find_or_insert(k)
             cuda.synchronize()
-            plain.append(time.perf_counter() - t0)
-        t = float(np.median(plain))
-        print(f"passes {threads} threads a block: {t * 1e3:.2f} ms a batch ({b / t / 1e6:.2f} M keys/s)")
+            plain[two].append(time.perf_counter() - t0)
+        kbc._round_two = with_two
+        for two, ts in plain.items():
+            if ts:
+                t = float(np.median(ts))
+                print(f"passes {threads} threads a block, round two {'on' if two else 'off'}: "
+                      f"{t * 1e3:.2f} ms a batch ({b / t / 1e6:.2f} M keys/s)")
     for name in ("find_present", "restore_scores", "bounded_insert", "bounded_insert_ranges",
                  "init_copy", "absent_count", "nonneg", "_round_two"):
         timed(kbc, name)
