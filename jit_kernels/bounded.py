@@ -37,7 +37,7 @@ the index is not rebuilt for them and probe sequences stay short.  The pass runs
 batch order, serially (:func:`bounded_insert`) or, into a full table or one the call
 cannot fill, in ranges of the index on all threads (:func:`bounded_insert_ranges`,
 the serial result of the call reordered by range, its few keys near a range's end
-last): either way the result depends on the table and the call, never on the
+last, in shifted ranges and then serially): either way the result depends on the table and the call, never on the
 threads.
 
 >>> import numpy as np

@@ -8,9 +8,10 @@ sequence of positions:
 
 * :func:`bounded_insert`: one thread runs the whole call in batch order;
 * :func:`bounded_insert_ranges` (a full table, or a call that cannot fill it):
-  one thread a range of the index, then one thread the positions the ranges
-  deferred, exactly as the CPU's ``prange`` over ranges does (a fill's rows are
-  handed out a thread a range too); the result depends on the table and the call
+  one thread (a block) a range of the index, into a full table one a shifted range
+  for the positions the ranges deferred, then one thread the few left, exactly as
+  the CPU's ``prange`` over ranges does (a fill's rows are handed out a thread a
+  range too); the result depends on the table and the call
   only, so a CUDA bounded table holds the very keys, rows and scores of a CPU
   one given the same calls (``tests/numbaemb/test_cuda_bounded.py`` checks it).
 
@@ -295,8 +296,8 @@ def bounded_insert(slots, mask, keys, given, scores, mscore, mark, batch, hold, 
 def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch, hold, rows,
                           where, inserted, free_rows, n_free, fresh_start, size, n_ranges, limit,
                           window, policy, epoch, clock, keep, ev_keys, ev_rows, deferred):
-    """See :func:`jit_kernels.bounded.bounded_insert_ranges` (a thread a range, then one
-    thread the deferred positions)."""
+    """See :func:`jit_kernels.bounded.bounded_insert_ranges` (a thread a range, a thread
+    a shifted range for the deferred positions of a full table, then one thread)."""
     cuda, K = ct.cuda, _k()
     n = keys.shape[0]
     fill = size < limit
