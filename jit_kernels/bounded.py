@@ -332,6 +332,7 @@ def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, hold
     d_deleted = 0
     n_def = 0
     F = 2 * AHEAD
+    marks = hold == MAX             # the call marks its keys (else its scores hold them)
     for q in range(F):
         spec[q] = -1                # no victim foreseen
         spec[3 * F + q] = 0         # no slots written
@@ -346,7 +347,7 @@ def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, hold
             else:
                 h = first_slot(keys[j], mask)
                 prefetch_write(slots, 16 * h)
-                if hold == MAX:
+                if marks:
                     prefetch_write(mark, 8 * h)
                 if size >= limit:
                     for off in range(8 * h, min(8 * (h + window), 8 * (mask + 1)), 64):
@@ -361,7 +362,7 @@ def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, hold
                 if v >= 0:
                     prefetch_write(slots, 16 * v)        # (and the run after it, which
                     prefetch_write(slots, 16 * v + 64)   # moves back when it is vacated)
-                    if hold == MAX:
+                    if marks:
                         prefetch_write(mark, 8 * v)
         if t + AHEAD // 2 < b and size >= limit:
             j = idx[t + AHEAD // 2]
@@ -442,11 +443,11 @@ def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, hold
         slots[2 * p] = key
         slots[2 * p + 1] = r
         mscore[p] = hold
-        if hold == MAX:
+        if marks:
             mark[p] = batch
         _wrote(spec, t, h, p, mask)
         if v >= 0:                  # placed before the victim: empty the victim's slot
-            _wrote(spec, t, h, _vacate(slots, mask, v, mscore, mark, hold == MAX), mask)
+            _wrote(spec, t, h, _vacate(slots, mask, v, mscore, mark, marks), mask)
         scores[r] = score
         rows[i] = r
         where[i] = p
