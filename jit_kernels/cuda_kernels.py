@@ -324,6 +324,27 @@ def build(threads):
             order[cuda.atomic.add(cursor, ids[i], 1)] = i
 
     @kernel
+    def chunk_counts(ids, chunk, chunks, hist):
+        """hist[g * chunks + c] = positions of group g in chunk c (a thread a chunk)."""
+        for c in range(cuda.grid(1), chunks, cuda.gridsize(1)):
+            for i in range(c * chunk, min(ids.shape[0], (c + 1) * chunk)):
+                hist[ids[i] * chunks + c] += 1
+
+    @kernel
+    def chunk_starts(hist, chunks, n, starts):
+        for g in range(cuda.grid(1), starts.shape[0], cuda.gridsize(1)):
+            starts[g] = hist[g * chunks] if g < starts.shape[0] - 1 else n
+
+    @kernel
+    def chunk_place(ids, chunk, chunks, hist, order):
+        """Chunk c's positions, in order, at their group's next offset (hist scanned)."""
+        for c in range(cuda.grid(1), chunks, cuda.gridsize(1)):
+            for i in range(c * chunk, min(ids.shape[0], (c + 1) * chunk)):
+                at = ids[i] * chunks + c
+                order[hist[at]] = i
+                hist[at] += 1
+
+    @kernel
     def sort_groups(order, starts):
         """Heapsort each group's positions (groups of one are skipped)."""
         for g in range(cuda.grid(1), starts.shape[0] - 1, cuda.gridsize(1)):

@@ -405,13 +405,21 @@ def group_keys(keys, scratch=None):
     return _group(ids, counts, g, scratch)
 
 
+GROUP_CHUNK = 256   # positions a thread counts and places in group_positions' few groups
+
+
 def group_positions(inverse, n_groups, scratch=None):
     """``(order, starts)`` of positions grouped by ``inverse`` (n,) int64 in
     ``[0, n_groups)``: group ``g`` is ``order[starts[g]:starts[g + 1]]``, in batch
-    order (:func:`jit_kernels.segment.group_positions` on the device)."""
+    order (a stable counting sort).  Up to ``4 * GROUP_CHUNK`` groups (a bounded
+    table's ranges): a thread counts and then places each chunk of ``GROUP_CHUNK``
+    positions in order, offsets from one scan of the (group, chunk) counts; more
+    groups: atomic placement, then each group's positions sorted."""
     K = _kernels()
     scratch = scratch or Scratch()
     n = inverse.shape[0]
+    if n >= GROUP_CHUNK and n_groups <= 4 * GROUP_CHUNK:
+        return _group_chunked(inverse, n_groups, scratch)
     counts = scratch.array("counts", max(n, n_groups) + 1, np.int64)
     _go(K.fill, counts.shape[0], counts, np.int64(0))
     _go(K.group_counts, n, inverse, counts)
@@ -446,6 +454,23 @@ def update_rows(rule, columns, rows, grads, order, starts, hyper, flag, scratch=
     hyper = tuple(float(x) for x in hyper) + (0.0,) * (6 - len(hyper))
     _rows(getattr(K, rule + "_groups"), u, dim, *args, rows, grads, order, starts, acc, hyper,
           bool(flag))
+
+
+def _group_chunked(ids, g, scratch):
+    """:func:`group_positions` for few groups: counts ``hist[group * chunks + chunk]``,
+    their exclusive scan, then each chunk's positions placed in order."""
+    K = _kernels()
+    n = ids.shape[0]
+    chunks = -(-n // GROUP_CHUNK)
+    hist = scratch.array("chunk_hist", g * chunks, np.int64)
+    _go(K.fill, hist.shape[0], hist, np.int64(0))
+    _go(K.chunk_counts, chunks, ids, GROUP_CHUNK, chunks, hist)
+    exclusive_scan(hist)
+    starts = scratch.array("chunk_starts", g + 1, np.int64)
+    _go(K.chunk_starts, g + 1, hist, chunks, n, starts)
+    order = scratch.array("order", n, np.int64)
+    _go(K.chunk_place, chunks, ids, GROUP_CHUNK, chunks, hist, order)
+    return order, starts
 
 
 def _group(ids, counts, g, scratch):

@@ -113,6 +113,10 @@ def workload():
         b.find_or_insert(np.arange(5000, 5050), return_evicted="columns", scores=sc(50))
         b.upsert(keys, np.ones((keys.size, 3), np.float32), scores=sc(keys.size))
     O.apply_gradients(b, rules[2], ids, grads, step=1)
+    ct.group_positions(cuda.to_device(np.arange(600) % 7), 7)      # few groups: chunks
+    r = ne.Variable(3, device="cuda", max_capacity=100, evict="lru", evict_window=2)
+    r.find_or_insert(np.arange(150))
+    r.find_or_insert(np.arange(6000, 6400))     # round two of the ranges (keys deferred)
     b.remove(np.arange(10))
     b.accum(keys, np.zeros((keys.size, 3), np.float32), np.ones((keys.size, 3), np.float32),
             np.arange(keys.size) % 2 == 0)

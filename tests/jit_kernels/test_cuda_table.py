@@ -290,6 +290,21 @@ def test_assign_rows_last_wins(cuda, dim):
 
 # ---- accum ------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("n, n_groups", [(0, 4), (255, 7), (256, 1), (600, 300), (1000, 3),
+                                         (300, 1025)])
+def test_group_positions_is_a_stable_counting_sort(cuda, n, n_groups):
+    """Few groups (chunks counted and placed a thread each) and many (atomic placement,
+    then sorted): numpy's stable argsort and the groups' bounds; empty groups too."""
+    rng = np.random.default_rng(n + n_groups)
+    inverse = rng.integers(0, max(1, min(n_groups, 40 if n_groups > 1024 else n_groups)), n)
+    if n_groups > 2:
+        inverse[inverse == 1] = n_groups - 1           # group 1 empty, the last one used
+    order, starts = ct.group_positions(cuda.to_device(inverse.astype(np.int64)), n_groups)
+    want = np.concatenate([[0], np.cumsum(np.bincount(inverse, minlength=n_groups))])
+    np.testing.assert_array_equal(starts.copy_to_host(), want)
+    np.testing.assert_array_equal(order.copy_to_host(), np.argsort(inverse, kind="stable"))
+
+
 def test_group_keys_groups_in_batch_order(cuda):
     rng = np.random.default_rng(6)
     keys = rng.choice(np.array(EXTREMES + [5, 6, 7], np.int64), 150)
