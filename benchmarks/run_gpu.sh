@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks in one go, for a lent GPU machine (no TensorFlow there):
 # the CUDA tests on the real GPU (8 workers), the bounded table's evicting
-# inserts (bench_bounded.py --device cuda), then bench_cuda.py and bench_hybrid.py.
+# inserts (bench_bounded.py --device cuda) and where their time goes
+# (profile_cuda_bounded.py), then bench_cuda.py and bench_hybrid.py.
 # Logs go to $OUT (or ./gpu_logs). Each step has its own time limit, and a
 # failing step does not stop the next.
 #   bash benchmarks/run_gpu.sh
@@ -13,5 +14,6 @@ step() { local limit=$1 name=$2; shift 2; echo "== $name: $*"; local t0=$SECONDS
   timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.txt"; echo "== $name: rc ${PIPESTATUS[0]}, $((SECONDS - t0)) s"; }
 step ${TESTS_S:-200} tests python3 -m pytest -m cuda -q -p no:cacheprovider -n ${WORKERS:-8} tests
 step ${BOUNDED_S:-120} bench_bounded python3 benchmarks/bench_bounded.py --device cuda --repeats 5 --stream 0
+step ${PROFILE_S:-90} profile_bounded python3 benchmarks/profile_cuda_bounded.py --pass-threads 1 --repeats 8 --ab-round-two
 step ${BENCH_S:-190} bench_cuda python3 benchmarks/bench_cuda.py --repeats ${REPEATS:-7} --profile --x4
 step ${HYBRID_S:-100} bench_hybrid python3 benchmarks/bench_hybrid.py --repeats ${REPEATS:-7}
