@@ -37,20 +37,27 @@ def by_range(mask, keys, rows, where, n_ranges):
 
 
 @njit(nogil=True, cache=True)
-def shifted(mask, keys, rows, where, late, n_ranges, deferred):
-    """Round two of :func:`jit_kernels.bounded.bounded_insert_ranges`: the deferred positions ``late`` (batch
-    order) grouped by the ranges shifted by half a range (group g: slots ``[(g + 1/2) *
-    span, (g + 3/2) * span)``, g < n_ranges - 1; present keys by their slot, absent ones
-    by their home slot), batch order in a group: ``(order, starts)``; ``deferred[i]``
-    = 1 + g.  Positions in the wrapping half ranges at the index's ends stay
-    ``n_ranges`` (the serial pass)."""
+def shifted_range(mask, keys, rows, where, i, n_ranges):
+    """Position ``i``'s range of round two (the ranges shifted by half a range): g in
+    ``[1, n_ranges)`` for the slots ``[(g - 1/2) * span, (g + 1/2) * span)`` (present
+    keys by their slot, absent ones by their home slot), else ``n_ranges`` (the
+    wrapping half ranges at the index's ends: the serial pass)."""
     span = (mask + 1) // n_ranges
+    g = ((where[i] if rows[i] >= 0 else first_slot(keys[i], mask)) + span // 2) // span
+    return g if 1 <= g < n_ranges else n_ranges
+
+
+@njit(nogil=True, cache=True)
+def shifted(mask, keys, rows, where, late, n_ranges, deferred):
+    """Round two of :func:`jit_kernels.bounded.bounded_insert_ranges`: the deferred
+    positions ``late`` (batch order) grouped by :func:`shifted_range` (group g - 1 its
+    g), batch order in a group: ``(order, starts)`` (n_ranges - 1 groups);
+    ``deferred[i]`` = that range (``n_ranges``: not grouped, the serial pass)."""
     starts = np.zeros(n_ranges, np.int64)
     for i in late:
-        g = ((where[i] if rows[i] >= 0 else first_slot(keys[i], mask)) + span // 2) // span
-        if 1 <= g < n_ranges:
-            deferred[i] = g
-            starts[g] += 1
+        deferred[i] = shifted_range(mask, keys, rows, where, i, n_ranges)
+        if deferred[i] < n_ranges:
+            starts[deferred[i]] += 1
     for g in range(1, n_ranges):
         starts[g] += starts[g - 1]
     order = np.empty(starts[n_ranges - 1], np.int64)

@@ -32,6 +32,7 @@ import numpy as np
 from . import bounded as kb
 from . import bounded_accum as ka
 from . import cuda_table as ct
+from .bounded_groups import shifted_range as shifted_range_cpu
 from .slots import first_slot
 
 __all__ = ["find_present", "forget", "restore_scores", "sync_meta", "bounded_insert",
@@ -51,6 +52,7 @@ def add_kernels(kernels, cuda_module, body, copy_row, init_cols, init_both):
     present_one, forget_one = body(kb.present_one), body(kb.forget_one)
     restore_one, sync_one = body(kb.restore_one), body(kb.sync_one)
     run_pass, home_of = body(kb._pass), body(first_slot)
+    shifted_range = body(shifted_range_cpu)
     held_n, spec_n = kb.DEFER_KEYS, kb.SPEC
 
     def kernel(fn):
@@ -174,9 +176,17 @@ def add_kernels(kernels, cuda_module, body, copy_row, init_cols, init_both):
             late_pos[i] = i if late2[t] else -1
 
     @kernel
-    def present_at(late, slots, mask, keys, rows, where, mscore, mark, batch, hold):
+    def shifted_groups(late, slots, mask, keys, rows, where, mscore, mark, batch, hold,
+                       n_ranges, group, deferred):
+        """Round two, position late[t]: found again (round one inserted keys), then its
+        shifted range g into ``deferred`` and g - 1 into ``group`` (the wrapping half
+        ranges: group n_ranges - 1, which no pass runs)."""
         for t in range(cuda.grid(1), late.shape[0], cuda.gridsize(1)):
-            present_one(slots, mask, keys, rows, where, mscore, mark, batch, hold, late[t])
+            i = late[t]
+            present_one(slots, mask, keys, rows, where, mscore, mark, batch, hold, i)
+            g = shifted_range(mask, keys, rows, where, i, n_ranges)
+            deferred[i] = g
+            group[t] = g - 1
 
     @kernel
     def take1(a, idx, out):
@@ -184,17 +194,25 @@ def add_kernels(kernels, cuda_module, body, copy_row, init_cols, init_both):
             out[t] = a[idx[t]]
 
     @kernel
-    def set_at(idx, vals, out):
-        for t in range(cuda.grid(1), idx.shape[0], cuda.gridsize(1)):
-            out[idx[t]] = vals[t]
+    def left_over(late, group, again, n_ranges, deferred, out):
+        """out[t] = late[t] where it runs serially (not in a shifted range, or deferred
+        again there: its round becomes n_ranges), else -1."""
+        for t in range(cuda.grid(1), late.shape[0], cuda.gridsize(1)):
+            i = late[t]
+            if group[t] == n_ranges - 1 or again[i]:
+                deferred[i] = n_ranges
+                out[t] = i
+            else:
+                out[t] = -1
 
     @kernel
-    def eviction_at(ep, starts, counts, order, at):
-        """``at[position] = e`` for the evictions of group g (``ep[e]``: the evicting
-        position, through ``order`` when it is given, i.e. non-empty)."""
+    def eviction_at(ep, starts, e_base, counts, order, at):
+        """``at[position] = e`` for the evictions of group g, from ``e_base + starts[g]``
+        (``ep[e]``: the evicting position, through ``order`` when it is given, i.e.
+        non-empty)."""
         g = cuda.grid(1)
         if g < starts.shape[0] - 1:
-            for e in range(starts[g], starts[g] + counts[g, 1]):
+            for e in range(e_base + starts[g], e_base + starts[g] + counts[g, 1]):
                 at[order[ep[e]] if order.shape[0] else ep[e]] = e
 
     @kernel
@@ -339,10 +357,9 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
     m3 = late.shape[0]
     res2, counts2 = _run(late, cuda.to_device(np.array([0, m3], np.int64)), 0, call, e3,
                          (ek, er, ep), cuda.device_array(1, np.bool_))
-    K.bounded_eviction_at[max(1, -(-n_ranges // ct._Launch.threads)), ct._Launch.threads](
-        ep, starts, counts, order, at)
-    K.bounded_eviction_at[1, 1](ep, cuda.to_device(np.array([e3, e3], np.int64)), counts2,
-                                cuda.device_array(0, np.int64), at)
+    _eviction_at(ep, starts, 0, counts, order, at)
+    _eviction_at(ep, cuda.to_device(np.zeros(2, np.int64)), e3, counts2,
+                 cuda.device_array(0, np.int64), at)
     sel = cuda.device_array(max(n, 1), np.int64)
     c = ct.compact_nonneg(at, sel)
     ct._go(K.bounded_take_evicted, c, sel[:c], ek, er, ev_keys, ev_rows)
@@ -353,38 +370,34 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
 def _round_two(late, slots, mask, keys, given, scores, mscore, mark, batch, hold, rows, where,
                inserted, n_ranges, limit, window, policy, epoch, clock, keep, ev, deferred, at):
     """Round two of a full table's ranges (see the CPU's): the deferred positions
-    ``late`` (batch order) found again, grouped on the host (a few per range) by
-    shifted range, a thread a group; their evictions into ``at``.  Returns the
-    positions left for the serial pass (batch order, device) and the tombstones made."""
+    ``late`` (batch order) found again and grouped by shifted range on the device, a
+    thread a group; their evictions into ``at``.  Returns the positions left for the
+    serial pass (batch order) and the tombstones made."""
     cuda, K = ct.cuda, _k()
     n, m, span = keys.shape[0], late.shape[0], (mask + 1) // n_ranges
-    ct._go(K.bounded_present_at, m, late, slots, mask, keys, rows, where, mscore, mark, batch,
-           hold)
-    pos = late.copy_to_host()
-    lk, lr, lw = (_take1(a, late).copy_to_host() for a in (keys, rows, where))
-    code = np.full(m, n_ranges, np.int64)
-    order2, starts2 = kb.shifted(mask, lk, lr, lw, np.arange(m), n_ranges, code)
-    ct._go(K.bounded_set_at, m, late, cuda.to_device(code), deferred)
+    group = cuda.device_array(m, np.int64)
+    ct._go(K.bounded_shifted_groups, m, late, slots, mask, keys, rows, where, mscore, mark,
+           batch, hold, n_ranges, group, deferred)
+    order, starts = ct.group_positions(group, n_ranges)     # the last group: serial
+    pos = cuda.device_array(m, np.int64)
+    ct._go(K.bounded_take1, m, late, order, pos)
     again = ct.filled(n, False, np.bool_)
     call = (slots, mask, keys, given, scores, mscore, mark, batch, hold, rows, where, inserted,
             cuda.device_array(1, np.int64), 0, 0, limit, limit, window, policy, epoch, clock,
             keep)
-    res, counts = _run(cuda.to_device(pos[order2]), cuda.to_device(starts2), span, call, n, ev,
-                       again, off=span // 2)
-    K.bounded_eviction_at[max(1, -(-n_ranges // ct._Launch.threads)), ct._Launch.threads](
-        ev[2], cuda.to_device(n + starts2), counts, cuda.device_array(0, np.int64), at)
-    left = (code == n_ranges) | _take1(again, late).copy_to_host()
-    rest = cuda.to_device(pos[left])
-    ct._go(K.bounded_set_at, rest.shape[0], rest, ct.filled(rest.shape[0], n_ranges, np.int64),
-           deferred)
-    return rest, int(res[:, 2].sum())
+    res, counts = _run(pos, starts[:n_ranges], span, call, n, ev, again, off=span // 2)
+    _eviction_at(ev[2], starts[:n_ranges], n, counts, cuda.device_array(0, np.int64), at)
+    left = cuda.device_array(m, np.int64)
+    ct._go(K.bounded_left_over, m, late, group, again, n_ranges, deferred, left)
+    rest = cuda.device_array(m, np.int64)
+    return rest[:ct.compact_nonneg(left, rest)], int(res[:, 2].sum())
 
 
-def _take1(a, idx):
-    """a[idx] for a 1-d device array (a thread an index)."""
-    out = ct.cuda.device_array(max(idx.shape[0], 1), a.dtype)[:idx.shape[0]]
-    ct._go(_k().bounded_take1, idx.shape[0], a, idx, out)
-    return out
+def _eviction_at(ep, starts, e_base, counts, order, at):
+    """Launch ``eviction_at``: a thread a group of ``starts``."""
+    g = max(1, starts.shape[0] - 1)
+    _k().bounded_eviction_at[-(-g // ct._Launch.threads), ct._Launch.threads](
+        ep, starts, e_base, counts, order, at)
 
 
 def absent_count(rows):
