@@ -150,7 +150,7 @@ def check_same_as_serial(table, keys, scores, n_ranges):
     for key, row in zip(keys[ok].tolist(), rows[ok].tolist()):
         assert kb._find(a.slots, CAP - 1, np.int64(key)) >= 0
         assert a.slots[2 * kb._find(a.slots, CAP - 1, np.int64(key)) + 1] == row
-    return late
+    return late, new
 
 
 FILL = dict(limit=200, size=60, removed=15)     # 45 keys: a call of <= 155 new keys
@@ -185,7 +185,7 @@ def test_ranges_equal_the_serial_pass_on_large_random_calls(fill):
     particular layout: many calls of 100-200 keys (into a full table most of them
     evict), every policy."""
     rng = np.random.default_rng(7 + fill)
-    deferred = second = 0
+    deferred = second = again = 0
     for ex in range(200 if fill else 400):
         window, n_ranges = [1, 2, 4, 8][ex % 4], [2, 4, 8, 16][ex // 4 % 4]
         policy = sorted(kb.POLICIES.values())[ex // 16 % 5]
@@ -193,11 +193,15 @@ def test_ranges_equal_the_serial_pass_on_large_random_calls(fill):
         n = int(rng.integers(100, 155) if fill else rng.integers(120, 200))
         keys = np.where(rng.random(n) < 0.05, rng.choice(POOL, n), rng.integers(-300, 300, n))
         scores = rng.integers(0, 9, n)
-        late = check_same_as_serial(table, keys.astype(np.int64), scores, n_ranges)
+        late, new = check_same_as_serial(table, keys.astype(np.int64), scores, n_ranges)
         deferred += (late > 0).sum()
         second += ((late > 0) & (late < n_ranges)).sum()
+        span = CAP // n_ranges      # inserted serially though homed in a shifted range:
+        again += sum(1 <= (first_slot(k, CAP - 1) + span // 2) // span < n_ranges   # deferred
+                     for k in keys[(late == n_ranges) & new].tolist())         # in round two
     assert deferred > (500 if fill else 1000)       # the ranges' ends were in play
     assert (second == 0) if fill else second > 300  # and round two, into a full table
+    assert fill or again > 100, again   # and its own deferrals
 
 
 def test_a_range_that_defers_many_keys_defers_every_new_key_after():
@@ -211,7 +215,7 @@ def test_a_range_that_defers_many_keys_defers_every_new_key_after():
     early = pool[homes < 8][:20]
     assert near_end.shape[0] == kb.DEFER_KEYS + 5 and early.shape[0] == 20
     keys = np.concatenate([near_end, early])
-    late = check_same_as_serial(table, keys, np.zeros(keys.shape[0], np.int64), 2)
+    late, _ = check_same_as_serial(table, keys, np.zeros(keys.shape[0], np.int64), 2)
     assert late[:near_end.shape[0]].all()       # windows over the range's end
     present = set(table.slots[0::2][table.slots[1::2] >= 0].tolist())
     absent = np.array([k not in present for k in early.tolist()])
