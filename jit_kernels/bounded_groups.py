@@ -15,25 +15,34 @@ from .slots import first_slot
 
 
 @njit(nogil=True, cache=True)
-def by_range(mask, keys, rows, where, n_ranges):
-    """The positions grouped by range of the index, batch order in a range (a counting
-    sort; present keys by their slot, absent ones by their home slot): ``(order,
-    starts)``, range g's positions ``order[starts[g]:starts[g + 1]]``."""
-    n = keys.shape[0]
-    span = (mask + 1) // n_ranges
-    starts = np.zeros(n_ranges + 1, np.int64)
-    home = np.empty(n, np.int64)
+def stable_groups(ids, n_groups):
+    """``(order, starts)``: the positions of ``ids`` (n,) in ``[0, n_groups)`` grouped
+    by id, ascending in a group (a counting sort); group g is
+    ``order[starts[g]:starts[g + 1]]``."""
+    n = ids.shape[0]
+    starts = np.zeros(n_groups + 1, np.int64)
     for i in range(n):
-        home[i] = (where[i] if rows[i] >= 0 else first_slot(keys[i], mask)) // span
-        starts[home[i] + 1] += 1
-    for g in range(n_ranges):
+        starts[ids[i] + 1] += 1
+    for g in range(n_groups):
         starts[g + 1] += starts[g]
     order = np.empty(n, np.int64)
     fill = starts[:-1].copy()
     for i in range(n):
-        order[fill[home[i]]] = i
-        fill[home[i]] += 1
+        order[fill[ids[i]]] = i
+        fill[ids[i]] += 1
     return order, starts
+
+
+@njit(nogil=True, cache=True)
+def by_range(mask, keys, rows, where, n_ranges):
+    """The positions grouped by range of the index, batch order in a range (present
+    keys by their slot, absent ones by their home slot): ``(order, starts)``, range
+    g's positions ``order[starts[g]:starts[g + 1]]``."""
+    span = (mask + 1) // n_ranges
+    ids = np.empty(keys.shape[0], np.int64)
+    for i in range(keys.shape[0]):
+        ids[i] = (where[i] if rows[i] >= 0 else first_slot(keys[i], mask)) // span
+    return stable_groups(ids, n_ranges)
 
 
 @njit(nogil=True, cache=True)
@@ -51,19 +60,13 @@ def shifted_range(mask, keys, rows, where, i, n_ranges):
 def shifted(mask, keys, rows, where, late, n_ranges, deferred):
     """Round two of :func:`jit_kernels.bounded.bounded_insert_ranges`: the deferred
     positions ``late`` (batch order) grouped by :func:`shifted_range` (group g - 1 its
-    g), batch order in a group: ``(order, starts)`` (n_ranges - 1 groups);
-    ``deferred[i]`` = that range (``n_ranges``: not grouped, the serial pass)."""
-    starts = np.zeros(n_ranges, np.int64)
-    for i in late:
-        deferred[i] = shifted_range(mask, keys, rows, where, i, n_ranges)
-        if deferred[i] < n_ranges:
-            starts[deferred[i]] += 1
-    for g in range(1, n_ranges):
-        starts[g] += starts[g - 1]
-    order = np.empty(starts[n_ranges - 1], np.int64)
-    fill = starts[:-1].copy()
-    for i in late:
-        if deferred[i] < n_ranges:
-            order[fill[deferred[i] - 1]] = i
-            fill[deferred[i] - 1] += 1
-    return order, starts
+    range g; the last group, n_ranges - 1, those left for the serial pass), batch order
+    in a group: ``(positions, starts)``; ``deferred[i]`` = that range (the GPU groups
+    them likewise, ``cuda_bounded.shifted_groups``)."""
+    ids = np.empty(late.shape[0], np.int64)
+    for t in range(late.shape[0]):
+        g = shifted_range(mask, keys, rows, where, late[t], n_ranges)
+        deferred[late[t]] = g
+        ids[t] = g - 1
+    order, starts = stable_groups(ids, n_ranges)
+    return late[order], starts

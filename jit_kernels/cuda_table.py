@@ -232,16 +232,12 @@ def device_empty_slots(capacity, out=None):
 
 
 # ---- drivers (same names and arguments as cpu_table) ------------------------------------
-# Slots a step of the lookup's probe: 1 (find_row) or 4 (find_row_x4, four slots'
-# loads issued together; for long chains at high load).
-PROBE_STEP = 1
-
-
-def lookup(slots, mask, keys, values, out, exists, kind, a, b, seed, const, step=None):
+def lookup(slots, mask, keys, values, out, exists, kind, a, b, seed, const, step=1):
     """out[i] = values[row(keys[i])], or the key's initial value when absent; ``step``:
-    slots a probe step reads (1 or 4; default ``PROBE_STEP``), the same result."""
+    slots a probe step reads, the same result (1: ``find_row``; 4: ``find_row_x4``,
+    four slots' loads issued together, for long chains at high load)."""
     K = _kernels()
-    kernel = K.lookup_x4 if (step or PROBE_STEP) == 4 else K.lookup
+    kernel = K.lookup_x4 if step == 4 else K.lookup
     _rows(kernel, keys.shape[0], out.shape[1], slots, mask, keys, *_split(values), out,
           exists, kind, a, b, seed, const, cols_per_lane=COLS_PER_LANE_PROBING)
 
