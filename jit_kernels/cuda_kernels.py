@@ -529,4 +529,6 @@ def build(threads):
     add_kernels(kernels, cuda, _body, copy_row, init_cols, init_both)
     from .cuda_columns import add_kernels as add_column_kernels     # column_*
     add_column_kernels(kernels, cuda, _body)
+    from .cuda_exchange import add_kernels as add_exchange_kernels   # exchange_*
+    add_exchange_kernels(kernels, cuda, _body)
     return type("Kernels", (), kernels)

@@ -138,6 +138,17 @@ def workload():
     with tempfile.TemporaryDirectory() as d:
         b.save(f"{d}/b.nbe")
         ne.Variable.load(f"{d}/b.nbe", device="cuda").find_or_insert(np.arange(3))
+    # a split GPU table's exchange (its kernels; the MPI part is tests/distributed's)
+    from jit_kernels import cuda_exchange as cx
+    from jit_kernels import cuda_table as ct
+    cuda = ct.cuda_api()
+    for bits in (64, 32):
+        send, counts, slot, first = cx.plan(cuda.to_device(keys), 3, bits)
+    for dt in (np.float32, np.float64):       # gradient sums in each compute dtype
+        cx.segment_sums(cuda.to_device(np.ones((keys.size, 3), dt)), slot, send.shape[0])
+    back = cuda.to_device(np.ones(send.shape[0], np.bool_))
+    cx.pick(back, slot, first)
+    cx.pick(back, slot)
 
 
 def main(out):
