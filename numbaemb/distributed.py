@@ -35,15 +35,10 @@ rank, in the same order on every rank.
 """
 import time
 
-import numba
 import numpy as np
 
-from jit_kernels.cpu_table import assign_rows
-from jit_kernels.exchange import first_flags, plan
-from jit_kernels.segment import gather_rows
-
 from . import _checks
-from ._memory import aligned_empty
+from ._exchange import DeviceExchange, HostExchange
 from ._mpi import Comm, crc, size_of
 from .sharding import default_partitioner
 from .variable import Variable
@@ -75,7 +70,9 @@ class DistributedVariable(Variable):
     constructor is collective: the ranks check that they agree on dim, dtypes,
     name, seed, initializer and partitioner).  Arguments as for ``Variable``;
     ``init_size`` counts keys of the whole table; ``num_shards`` are local shards
-    on each rank.  GPU tables (``device="cuda"``) are not distributed yet.
+    on each rank.  GPU tables (``device="cuda:N"``, a GPU a rank, the default
+    partitioner) plan their exchanges on the GPU and move device arrays by NCCL
+    (see :mod:`numbaemb._exchange`); ``accum`` is CPU-only so far.
 
     Limits (as ``Variable``'s; set them alike on every rank): ``key_range`` is
     checked while planning, so a bad key on one rank raises on every rank;
@@ -113,9 +110,6 @@ class DistributedVariable(Variable):
 
     def _build(self, dim, world, key_dtype, value_dtype, num_shards, partitioner, name,
                initializer, init_size, seed, device, max_hbm_bytes, bounds):
-        if device != "cpu" or max_hbm_bytes is not None:
-            raise NotImplementedError("distributed tables live on the CPU so far "
-                                      f"(device={device!r}, max_hbm_bytes={max_hbm_bytes!r})")
         if partitioner is not None and not callable(partitioner):
             raise TypeError(f"partitioner must be callable, got {type(partitioner).__name__}")
         num_shards = _checks.positive_int(num_shards, "num_shards")
@@ -124,18 +118,26 @@ class DistributedVariable(Variable):
                               num_shards=num_shards,
                               partitioner=LocalPartitioner(world) if num_shards > 1 else None,
                               name=name, initializer=initializer, init_size=init_size,
-                              seed=seed, **bounds)
+                              seed=seed, device=device, max_hbm_bytes=max_hbm_bytes, **bounds)
         for attr in ("dim", "key_dtype", "value_dtype", "num_shards", "name", "initializer",
                      "seed", "device", "max_hbm_bytes", "_arrays", "_store", "max_capacity",
                      "evict", "evict_window", "steps_to_live"):
             setattr(self, attr, getattr(self.local, attr))
         self.partitioner = partitioner
+        if self.local._arrays.device_id is None:
+            self._x = HostExchange(self._comm, world, partitioner, self.key_dtype)
+        elif partitioner is not None:
+            raise NotImplementedError("a split GPU table takes the default partitioner (the "
+                                      "unsigned key mod world size): its plan runs on the GPU")
+        else:
+            self._x = DeviceExchange(self._comm, world, self.key_dtype, self.local._arrays)
 
     def _identity(self):
         """What every rank must agree on."""
         from .admission import config_of
         part = self.partitioner
-        return dict(name=self.name, dim=self.dim, key_dtype=self.key_dtype.name,
+        return dict(name=self.name, dim=self.dim, gpu=self.device != "cpu",
+                    key_dtype=self.key_dtype.name,
                     value_dtype=self.value_dtype.name, seed=int(self.seed),
                     initializer=self.initializer.get_config(),
                     partitioner="default" if part is None or part is default_partitioner
@@ -213,7 +215,14 @@ class DistributedVariable(Variable):
 
     def _plan(self, keys, unique=True):
         keys, flat = self.local._keys(keys)      # checks the local table's key_range
-        return keys, plan(flat, self.world_size, self.partitioner, self.key_dtype, unique)
+        return keys, self._x.plan(flat, unique)
+
+    @property
+    def transport(self):
+        """How this table's arrays move between ranks: ``"mpi"`` (host tables),
+        ``"nccl"`` or ``"mpi (staged through host memory)"`` (GPU tables, chosen at
+        their first exchange)."""
+        return self._x.transport
 
     def _keys_plan(self, keys):
         k, p = self._plan(keys)
@@ -229,11 +238,11 @@ class DistributedVariable(Variable):
     def _back(self, rows, recv_counts, p, shape):
         """Rows in send order from the owners -> ``shape + (width,)`` in batch order."""
         c = self._comm
+        rows = self._x.ours(rows)       # (a GPU table's slot values come from the host)
         shown, store = rows.dtype, _checks.storage_dtype(rows.dtype)   # 16-bit floats: bits
-        back = c.alltoallv(rows.view(store), recv_counts, p.counts)
+        back = self._x.alltoallv(rows.view(store), recv_counts, p.counts)
         t0 = time.perf_counter()
-        out = aligned_empty((p.slot.shape[0], back.shape[1]), back.dtype)
-        gather_rows(back, p.slot, out)
+        out = self._x.back(back, p.slot)
         c.add_time("order", t0)
         return out.view(shown).reshape(tuple(shape) + (back.shape[1],))
 
@@ -247,7 +256,7 @@ class DistributedVariable(Variable):
 
         with self._comm.lock:
             (keys, p), rc = self._begin(op, prepare, arg)
-            recv = self._comm.alltoallv(p.send_keys, p.counts, rc)
+            recv = self._x.alltoallv(p.send_keys, p.counts, rc)
             return self._back(self._local(owner_fn, recv), rc, p, keys.shape)
 
     # ---- reads ---------------------------------------------------------------------------
@@ -270,24 +279,19 @@ class DistributedVariable(Variable):
             (k, p), counts = self._keys_plan(keys)
             sc = self.local._check_scores(scores, k.shape)    # the owner's check, made here
             send = None
-            if sc is not None:
-                send = np.empty((p.send_keys.shape[0], 1), np.int64)
-                assign_rows(send, p.slot, sc.reshape(-1, 1), numba.get_num_threads())  # last wins
+            if sc is not None:      # a key's last position's score
+                send = self._x.last_wins(self._x.scores(sc), p.slot, p.send_keys.shape[0])
             return (k, p, send), counts
 
         with self._comm.lock:
             (k, p, send), rc = self._begin(op, prepare, arg)
-            c = self._comm
-            recv = c.alltoallv(p.send_keys, p.counts, rc)
-            kw = {} if send is None else {"scores": c.alltoallv(send, p.counts, rc)[:, 0]}
+            x = self._x
+            recv = x.alltoallv(p.send_keys, p.counts, rc)
+            # (the owner's table takes scores on the host)
+            kw = {} if send is None else {"scores": x.host(x.alltoallv(send, p.counts, rc))[:, 0]}
             rows, found = self._local(local_fn, recv, return_exists=True, **kw)
             out = self._back(rows, rc, p, k.shape)
-            back = c.alltoallv(found, rc, p.counts)
-            if first_only:
-                exists = np.empty(p.slot.shape[0], np.bool_)
-                first_flags(p.inverse, p.slot, back, exists)
-            else:
-                exists = back[p.slot]
+            exists = x.flags(x.alltoallv(found, rc, p.counts), p, first_only)
             return out, exists.reshape(k.shape)
 
     def size(self, index=None) -> int:
@@ -348,23 +352,24 @@ class DistributedVariable(Variable):
         in a batch) the value of the last rank (last position) wins."""
         def prepare():
             k, p = self._plan(keys)
-            vals = self.local._values(values, k.shape)
+            vals = self.local._values(values, k.shape)       # as stored
             t0 = time.perf_counter()
-            send = np.empty((p.send_keys.shape[0], self.dim), self.local._store)   # as stored
-            assign_rows(send, p.slot, vals, numba.get_num_threads())   # last one wins
+            send = self._x.last_wins(vals, p.slot, p.send_keys.shape[0])
             self._comm.add_time("order", t0, moved_from="plan")
             return (p, send), p.counts
 
         with self._comm.lock:
             (p, send), rc = self._begin("upsert", prepare)
-            c = self._comm
-            recv_keys = c.alltoallv(p.send_keys, p.counts, rc)
-            recv_vals = c.alltoallv(send, p.counts, rc)
+            recv_keys = self._x.alltoallv(p.send_keys, p.counts, rc)
+            recv_vals = self._x.alltoallv(send, p.counts, rc)
             self._local(self.local.upsert, recv_keys, self.local._shown(recv_vals))
 
     def accum(self, keys, old_values, new_values, exists):
         """Collective ``Variable.accum``: every position goes to its owner, in batch
         order, so the owner applies the sequential rule to the rank-ordered sequence."""
+        if self._x.on_device:     # alike on every rank (they agreed on the device): no exchange
+            raise NotImplementedError("accum on a split GPU table (CPU tables only so far)")
+
         def prepare():
             k, p = self._plan(keys, unique=False)
             old = self.local._operands(old_values, k.shape, "old_values")
@@ -391,7 +396,7 @@ class DistributedVariable(Variable):
         """Collective ``Variable.remove``."""
         with self._comm.lock:
             (_, p), rc = self._begin("remove", lambda: self._keys_plan(keys))
-            recv = self._comm.alltoallv(p.send_keys, p.counts, rc)
+            recv = self._x.alltoallv(p.send_keys, p.counts, rc)
             self._local(self.local.remove, recv)
 
     def clear(self):
@@ -406,7 +411,6 @@ class DistributedVariable(Variable):
         ``grads`` of ``keys``: each rank sums its
         duplicates, sends one row per distinct id to the owner, which sums what the
         ranks sent (in rank order) and applies one update per id."""
-        from jit_kernels.segment import segment_sum
         from .optimizers import _check, _step_and_rate, apply_gradients
         checked = []
 
@@ -414,19 +418,18 @@ class DistributedVariable(Variable):
             _check(self, optimizer)
             checked.extend(_step_and_rate(optimizer, step, lr))
             k, p = self._plan(keys, unique=not assume_unique)
-            g = _checks.as_values(grads, k.shape, self.dim,
-                                  _checks.compute_dtype(self.value_dtype), "grads")
+            g = self.local._arrays.values(grads, k.shape, self.dim,
+                                          _checks.compute_dtype(self.value_dtype), "grads")
             t0 = time.perf_counter()
-            sums = segment_sum(g, p.slot, p.send_keys.shape[0], numba.get_num_threads())
+            sums = self._x.sums(g, p.slot, p.send_keys.shape[0])
             self._comm.add_time("order", t0, moved_from="plan")
             return (p, sums), p.counts
 
         arg = (repr(optimizer), repr(step), repr(lr), bool(assume_unique), bool(delta))
         with self._comm.lock:
             (p, sums), rc = self._begin("apply_gradients", prepare, arg)
-            c = self._comm
-            recv_keys = c.alltoallv(p.send_keys, p.counts, rc)
-            recv_sums = c.alltoallv(sums, p.counts, rc)
+            recv_keys = self._x.alltoallv(p.send_keys, p.counts, rc)
+            recv_sums = self._x.alltoallv(sums, p.counts, rc)
             step, lr = checked
             if self.max_keys is not None:
                 self._check_capacity(recv_keys)
@@ -449,7 +452,8 @@ class DistributedVariable(Variable):
     def _slot_values(self, optimizer, slot_name, keys):
         from .optimizers import _check_slot, slot_values
         return self._read("slot_values", keys,
-                          lambda k: slot_values(self.local, optimizer, slot_name, k),
+                          lambda k: slot_values(self.local, optimizer, slot_name,
+                                                self._x.host(k)),
                           (repr(optimizer), repr(slot_name)),
                           check=lambda: _check_slot(self, optimizer, slot_name))
 
