@@ -59,6 +59,17 @@ def add_kernels(kernels, cuda_module, body):
                 group[i] = n_ranks
 
     @kernel
+    def owners_all(keys, n_ranks, mask, group):
+        for i in range(cuda.grid(1), keys.shape[0], cuda.gridsize(1)):
+            group[i] = owner(keys[i], n_ranks, mask)
+
+    @kernel
+    def place_all(keys, order, send_keys, slot):
+        for j in range(cuda.grid(1), send_keys.shape[0], cuda.gridsize(1)):
+            send_keys[j] = keys[order[j]]
+            slot[order[j]] = j
+
+    @kernel
     def place(keys, ids, order, send_keys, place_of):
         for j in range(cuda.grid(1), send_keys.shape[0], cuda.gridsize(1)):
             p = order[j]
@@ -90,23 +101,33 @@ def add_kernels(kernels, cuda_module, body):
             out[i] = True if only_first and not first[i] else back[slot[i]]
 
 
-def plan(keys, n_ranks, bits=64):
+def plan(keys, n_ranks, bits=64, unique=True):
     """Plan the exchange of the flat int64 device ``keys`` (n,) among ``n_ranks`` ranks
     by SOK's rule on ``bits``-bit keys: ``(send_keys (u,) int64, counts (R,) numpy
-    int64, slot (n,) int64, first (n,) bool)``, device arrays but ``counts``."""
+    int64, slot (n,) int64, first (n,) bool)``, device arrays but ``counts``.
+    ``unique=False``: every position is sent (``u == n``, grouped by owner in batch
+    order), and ``first`` is all True."""
     K = ct._kernels()
     n = keys.shape[0]
     scratch = ct.Scratch()         # the plan outlives the call: nothing shared
     slot = cuda.device_array(n, np.int64)
-    first = cuda.device_array(n, np.bool_)
+    mask = np.uint64((1 << bits) - 1)
     if not n:
-        return cuda.device_array(0, np.int64), np.zeros(n_ranks, np.int64), slot, first
+        return (cuda.device_array(0, np.int64), np.zeros(n_ranks, np.int64), slot,
+                cuda.device_array(0, np.bool_))
+    if not unique:
+        group = cuda.device_array(n, np.int64)
+        ct._go(K.exchange_owners_all, n, keys, np.int64(n_ranks), mask, group)
+        order, starts = ct.group_positions(group, n_ranks, scratch)
+        send_keys = cuda.device_array(n, np.int64)
+        ct._go(K.exchange_place_all, n, keys, order, send_keys, slot)
+        return send_keys, np.diff(starts.copy_to_host()), slot, ct.filled(n, True, np.bool_)
+    first = cuda.device_array(n, np.bool_)
     ids, _, u = ct.number_keys(keys, scratch)
     firstpos = ct.filled(u, n, np.int64)
     ct._go(K.exchange_first_pos, n, ids, firstpos)
     group = cuda.device_array(n, np.int64)
-    ct._go(K.exchange_owners, n, keys, ids, firstpos, np.int64(n_ranks),
-           np.uint64((1 << bits) - 1), group)
+    ct._go(K.exchange_owners, n, keys, ids, firstpos, np.int64(n_ranks), mask, group)
     order, starts = ct.group_positions(group, n_ranks + 1, scratch)
     counts = np.diff(starts.copy_to_host()[:n_ranks + 1])
     send_keys = cuda.device_array(u, np.int64)

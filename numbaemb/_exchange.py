@@ -69,6 +69,12 @@ class HostExchange:
         first_flags(p.firsts, p.slot, back, out)
         return out
 
+    def spread(self, a, slot):
+        """``out[slot[i]] = a[i]`` (``slot`` a permutation: a plan with ``unique=False``)."""
+        out = np.empty_like(a)
+        out[slot] = a
+        return out
+
     def last_wins(self, rows, slot, u):
         """(u, width): row ``slot[i]`` = ``rows[i]``, the last position of a place wins."""
         out = np.empty((u, rows.shape[1]), rows.dtype)
@@ -109,11 +115,10 @@ class DeviceExchange(HostExchange):
         return cuda_exchange, cuda_table
 
     def plan(self, flat, unique=True):
-        """(Always distinct keys: ``unique=False`` serves only ``accum``, CPU-only.)"""
         cx, ct = self._k()
         with self.arrays.on():
             send, counts, slot, first = cx.plan(flat, self.world_size,
-                                                8 * self.key_dtype.itemsize)
+                                                8 * self.key_dtype.itemsize, unique)
             if self.key_dtype != send.dtype:           # int32 tables: their own keys
                 keys = self.arrays.empty(send.shape[0], self.key_dtype)
                 ct.cast(send, keys)
@@ -136,6 +141,11 @@ class DeviceExchange(HostExchange):
         cx, _ = self._k()
         with self.arrays.on():
             return cx.pick(back, p.slot, p.firsts if first_only else None)
+
+    def spread(self, a, slot):
+        out = self.arrays.empty(a.shape, a.dtype)
+        self.arrays.put(out, slot, a)
+        return out
 
     def last_wins(self, rows, slot, u):
         _, ct = self._k()

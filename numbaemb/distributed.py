@@ -72,7 +72,7 @@ class DistributedVariable(Variable):
     ``init_size`` counts keys of the whole table; ``num_shards`` are local shards
     on each rank.  GPU tables (``device="cuda:N"``, a GPU a rank, the default
     partitioner) plan their exchanges on the GPU and move device arrays by NCCL
-    (see :mod:`numbaemb._exchange`); ``accum`` is CPU-only so far.
+    (see :mod:`numbaemb._exchange`).
 
     Limits (as ``Variable``'s; set them alike on every rank): ``key_range`` is
     checked while planning, so a bad key on one rank raises on every rank;
@@ -367,30 +367,21 @@ class DistributedVariable(Variable):
     def accum(self, keys, old_values, new_values, exists):
         """Collective ``Variable.accum``: every position goes to its owner, in batch
         order, so the owner applies the sequential rule to the rank-ordered sequence."""
-        if self._x.on_device:     # alike on every rank (they agreed on the device): no exchange
-            raise NotImplementedError("accum on a split GPU table (CPU tables only so far)")
-
         def prepare():
             k, p = self._plan(keys, unique=False)
             old = self.local._operands(old_values, k.shape, "old_values")
             new = self.local._operands(new_values, k.shape, "new_values")
             ex = self.local._arrays.exists(exists, k.shape)
             t0 = time.perf_counter()
-            pair = np.empty((p.slot.shape[0], 2, self.dim), old.dtype)
-            pair[p.slot, 0], pair[p.slot, 1] = old, new
-            flags = np.empty_like(ex)
-            flags[p.slot] = ex
+            sends = [self._x.spread(a, p.slot) for a in (old, new, ex)]   # in send order
             self._comm.add_time("order", t0, moved_from="plan")
-            return (p, pair, flags), p.counts
+            return (p, sends), p.counts
 
         with self._comm.lock:
-            (p, pair, flags), rc = self._begin("accum", prepare)
-            c = self._comm
-            recv_keys = c.alltoallv(p.send_keys, p.counts, rc)
-            recv_pair = c.alltoallv(pair, p.counts, rc)
-            recv_flags = c.alltoallv(flags, p.counts, rc)
-            self._local(self.local.accum, recv_keys, recv_pair[:, 0], recv_pair[:, 1],
-                        recv_flags)
+            (p, sends), rc = self._begin("accum", prepare)
+            recv_keys = self._x.alltoallv(p.send_keys, p.counts, rc)
+            old, new, flags = (self._x.alltoallv(a, p.counts, rc) for a in sends)
+            self._local(self.local.accum, recv_keys, old, new, flags)
 
     def remove(self, keys):
         """Collective ``Variable.remove``."""

@@ -142,8 +142,8 @@ def workload():
     from jit_kernels import cuda_exchange as cx
     from jit_kernels import cuda_table as ct
     cuda = ct.cuda_api()
-    for bits in (64, 32):
-        send, counts, slot, first = cx.plan(cuda.to_device(keys), 3, bits)
+    for bits, unique in ((32, True), (64, False), (64, True)):
+        send, counts, slot, first = cx.plan(cuda.to_device(keys), 3, bits, unique)
     for dt in (np.float32, np.float64):       # gradient sums in each compute dtype
         cx.segment_sums(cuda.to_device(np.ones((keys.size, 3), dt)), slot, send.shape[0])
     back = cuda.to_device(np.ones(send.shape[0], np.bool_))

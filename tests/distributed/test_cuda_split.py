@@ -3,8 +3,8 @@ planned on the GPU (:mod:`jit_kernels.cuda_exchange`) and device arrays moved be
 ranks (NCCL on GPUs, MPI through host copies under the simulator).
 
 The state machine of ``test_table_state`` runs on a split GPU table against a
-one-process CPU table fed the ranks' batches concatenated (every op but ``accum``,
-which split GPU tables do not have yet), with the pool's extreme keys; values and
+one-process CPU table fed the ranks' batches concatenated (every op), with the
+pool's extreme keys; values and
 gradients are small integers, so sums are exact in any order, and under the
 simulator (the CPU's own bodies) rows must be equal bit for bit.  Runs under
 ``NUMBA_ENABLE_CUDASIM=1 mpiexec -n 2`` / ``-n 3`` (``tox -e mpi``) or on GPUs.
@@ -42,7 +42,6 @@ class SplitGpuTable(DistributedTable):
         return ne.Variable(DIM, comm=COMM, device=device(RANK), **kw)
 
     host = staticmethod(host)
-    accum = None            # not on split GPU tables yet (it raises: test_accum_refused)
     save_and_load = None    # once below: a save per state machine step is slow here
 
 
@@ -95,11 +94,8 @@ def from_cuda_keys(keys):
     return cuda.to_device(keys)
 
 
-def test_accum_and_custom_partitioners_refused_on_every_rank():
+def test_custom_partitioners_and_mixed_devices_refused_on_every_rank():
     v = ne.Variable(2, comm=COMM, device=device(RANK), name="refusals")
-    ones = np.ones((2, 2), np.float32)
-    with pytest.raises(NotImplementedError, match="accum on a split GPU table"):
-        v.accum(np.array([1, 2]), ones, ones, np.array([True, False]))
     with pytest.raises(Exception, match="default partitioner"):
         ne.Variable(2, comm=COMM, device=device(RANK), partitioner=lambda k, n: k % n)
     with pytest.raises(ValueError, match="gpu"):          # one rank's table on the CPU
@@ -152,3 +148,23 @@ def test_save_then_load_in_one_process_and_split(tmp_path_factory):
     assert one.size() == every.shape[0]
     w = ne.Variable.load(d, comm=COMM)                     # split again, on the GPUs saved
     assert w.device != "cpu" and np.array_equal(host(w.lookup(every)), one.lookup(every))
+
+
+def test_accum_sends_every_position_in_batch_order():
+    """TFRA's accum: every position reaches its owner (ranks in order, batch order
+    within), which applies the sequential rule as one process fed the batches does."""
+    from .test_bounded import accum_args
+    v = ne.Variable(2, comm=COMM, device=device(RANK), name="accum_gpu", initializer=INIT)
+    ref = ne.Variable(2, initializer=INIT)
+    for call in range(3):
+        mine = accum_args(call, RANK)
+        v.accum(*mine)
+        every = [accum_args(call, r) for r in range(WORLD)]
+        ref.accum(*(np.concatenate([e[i] for e in every]) for i in range(4)))
+    keys, vals = (host(a) for a in v.export())
+    parts = COMM.allgather((keys, vals))
+    keys, vals = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    want_keys, want_vals = ref.export()
+    o, w = np.argsort(keys), np.argsort(want_keys)
+    assert keys.shape[0] > 20 and np.array_equal(keys[o], want_keys[w])
+    assert np.array_equal(vals[o], want_vals[w])

@@ -57,6 +57,20 @@ def test_large_batches_use_the_chunked_grouping(cuda):
     check(cuda, keys, 5, dim=1)
 
 
+@settings(max_examples=6)
+@given(keys=st.lists(st.sampled_from(EXTREMES) | st.integers(-40, 40), max_size=40),
+       n_ranks=st.integers(1, 8))
+def test_every_position_plan_equals_the_cpu_plan(cuda, keys, n_ranks):
+    """``unique=False`` (accum): every position, grouped by owner in batch order."""
+    keys = np.array(keys, np.int64)
+    want = plan(keys, n_ranks, unique=False)
+    send, counts, slot, first = cx.plan(cuda.to_device(keys), n_ranks, unique=False)
+    assert send.copy_to_host().tolist() == want.send_keys.tolist()
+    assert counts.tolist() == want.counts.tolist()
+    assert slot.copy_to_host().tolist() == want.slot.tolist()
+    assert first.copy_to_host().all()
+
+
 def test_int32_keys_take_the_owner_of_their_32_bits(cuda):
     keys = np.array([-1, int(I32.min), int(I32.max), 0, -7, -1], np.int64)   # sign-extended
     check(cuda, keys, 3, bits=32)
