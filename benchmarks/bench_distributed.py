@@ -4,6 +4,7 @@ MPI exchange and the owner's local kernel, against a bare ``Alltoallv`` of the s
     python benchmarks/bench_distributed.py                  # R = 1, 2, 4: one table
     python benchmarks/bench_distributed.py --ranks 1,2 --steps 20
     mpiexec -n 2 python benchmarks/bench_distributed.py --child   # one world size, JSON
+    python benchmarks/bench_distributed.py --device cuda --ranks 1,2   # split GPU tables
 
 Each rank, each step: 64K ids (``--ids``) drawn Zipf(``--zipf``) over ``--vocab`` ids
 and hashed over the whole int64 range (a different stream per rank), dim 64,
@@ -31,6 +32,13 @@ table.  Bytes per id: bytes this rank sent in the op's data messages divided
 by its ids.  R = 1 is one plain process (no exchange).  With more ranks than
 cores (R = 4 on a 2-core machine) the ranks take turns on the cores: such
 rows measure correctness of the overlap, not speed, and are flagged.
+
+``--device cuda``: each rank's table on GPU ``rank mod #GPUs``, ids and gradients
+handed in as device arrays, every op ended by ``cuda.synchronize()``; the plan runs
+on the GPU.  The transport (NCCL, or MPI through host copies: see
+``numbaemb._exchange``; ``NUMBAEMB_DEVICE_EXCHANGE``) is printed.  The bare
+``Alltoallv`` replay stays MPI on host buffers: the limit of the staged transport,
+not of NCCL's links.
 """
 import argparse
 import json
@@ -67,7 +75,14 @@ def child(args):
     import numbaemb as ne
     comm = MPI.COMM_WORLD
     rank, world = comm.Get_rank(), comm.Get_size()
-    v = ne.Variable(args.dim, comm=comm, name="bench",
+    gpu = args.device == "cuda"
+    if gpu:
+        from numba import cuda
+        device = f"cuda:{rank % len(cuda.gpus)}"
+        here = cuda.to_device
+    else:
+        device, here = "cpu", (lambda a: a)
+    v = ne.Variable(args.dim, comm=comm, name="bench", device=device,
                     initializer=ne.initializers.RandomNormal(stddev=0.05, seed=1))
     opt = ne.optimizers.Adam(1e-3)
     rng = np.random.default_rng(100 + rank)
@@ -77,11 +92,11 @@ def child(args):
         z = (rng.zipf(args.zipf, args.ids) % args.vocab).astype(np.uint64)
         return (z * mult).view(np.int64)
 
-    grads = rng.standard_normal((args.ids, args.dim)).astype(np.float32)
+    grads = here(rng.standard_normal((args.ids, args.dim)).astype(np.float32))
     c = getattr(v, "_comm", None)
     rows = {op: [] for op in OPS}
     for step in range(args.warmup + args.steps):
-        ids = batch()
+        ids = here(batch())
         calls = {"find_or_insert": lambda: v.find_or_insert(ids),
                  "lookup": lambda: v.lookup(ids),
                  "apply_gradients": lambda: ne.optimizers.apply_gradients(
@@ -94,6 +109,8 @@ def child(args):
                 c.sync = True
             t0 = time.perf_counter()
             calls[op]()
+            if gpu:
+                cuda.synchronize()
             total = time.perf_counter() - t0
             parts = dict(c.times) if c is not None else {"plan": 0.0, "order": 0.0, "wait": 0.0,
                                                           "exchange": 0.0, "local": total}
@@ -108,7 +125,9 @@ def child(args):
     size = v.size()
     if rank == 0:
         med = {op: [statistics.median(r[i] for r in rows[op]) for i in range(8)] for op in OPS}
-        print(json.dumps({"world": world, "size": size, "ops": med}), flush=True)
+        print(json.dumps({"world": world, "size": size, "ops": med,
+                          "transport": getattr(v, "transport", "none (one process)")}),
+              flush=True)
 
 
 def main():
@@ -121,6 +140,7 @@ def main():
     ap.add_argument("--zipf", type=float, default=1.2)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = ap.parse_args()
     if args.child:
         return child(args)
@@ -129,7 +149,8 @@ def main():
     for r in map(int, args.ranks.split(",")):
         cmd = ["mpiexec", "-n", str(r), sys.executable, os.path.abspath(__file__), "--child",
                "--ids", str(args.ids), "--dim", str(args.dim), "--vocab", str(args.vocab),
-               "--zipf", str(args.zipf), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+               "--zipf", str(args.zipf), "--steps", str(args.steps), "--warmup", str(args.warmup),
+               "--device", args.device]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
                              env=dict(os.environ, NUMBA_NUM_THREADS=str(max(1, cores // r))))
         if out.returncode:
@@ -139,7 +160,8 @@ def main():
     import numba
     print(f"ids per rank per step {args.ids}; dim {args.dim}; Zipf({args.zipf}) over "
           f"{args.vocab:,} ids; median of {args.steps} steps after {args.warmup}; cpus {cores}; "
-          f"numba threads per rank cpus // R; mpi4py {mpi4py.__version__}; "
+          f"numba threads per rank cpus // R; mpi4py {mpi4py.__version__}; numba {numba.__version__}; "
+          f"device {args.device}; transport {results[-1]['transport']}; "
           f"load average {os.getloadavg()[0]:.1f}")
     print()
     print("| R | op | step ms | plan ms | order ms | wait ms | exchange ms | local ms | "

@@ -16,6 +16,7 @@ step ${TESTS_S:-200} tests python3 -m pytest -m cuda -q -p no:cacheprovider -n $
 # split GPU tables: 2 ranks (on one GPU NCCL refuses them and they move arrays through
 # host memory; with a GPU a rank, NCCL), if mpi4py is there
 python3 -c "import mpi4py" 2>/dev/null && step ${SPLIT_S:-150} split_tables mpiexec --allow-run-as-root --oversubscribe -n 2 python3 -m mpi4py -m pytest -q -p no:cacheprovider tests/distributed/test_cuda_split.py
+python3 -c "import mpi4py" 2>/dev/null && step ${SPLIT_BENCH_S:-120} bench_split python3 benchmarks/bench_distributed.py --device cuda --ranks 1,2 --steps 10 --warmup 3
 step ${BOUNDED_S:-120} bench_bounded python3 benchmarks/bench_bounded.py --device cuda --repeats 5 --stream 0
 step ${PROFILE_S:-90} profile_bounded python3 benchmarks/profile_cuda_bounded.py --pass-threads 1 --repeats 8 --ab-round-two
 step ${BENCH_S:-190} bench_cuda python3 benchmarks/bench_cuda.py --repeats ${REPEATS:-7} --profile --x4
