@@ -8,6 +8,8 @@
 #   bash benchmarks/run_gpu.sh
 OUT=${OUT:-gpu_logs}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
+# Open MPI as root (the machine's mpiexec), ranks beyond the cores allowed
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 { nvidia-smi -L; python3 -c "import sys, numpy, numba, numba.cuda as c, cupy; print(sys.version.split()[0], 'numpy', numpy.__version__, 'numba', numba.__version__, 'cupy', cupy.__version__, c.get_current_device().name)"
   python3 -c "import numba_cuda; print('numba-cuda', numba_cuda.__version__)"; } 2>&1 | tee "$OUT/versions.txt"
 step() { local limit=$1 name=$2; shift 2; echo "== $name: $*"; local t0=$SECONDS
@@ -15,7 +17,7 @@ step() { local limit=$1 name=$2; shift 2; echo "== $name: $*"; local t0=$SECONDS
 step ${TESTS_S:-200} tests python3 -m pytest -m cuda -q -p no:cacheprovider -n ${WORKERS:-8} tests
 # split GPU tables: 2 ranks (on one GPU NCCL refuses them and they move arrays through
 # host memory; with a GPU a rank, NCCL), if mpi4py is there
-python3 -c "import mpi4py" 2>/dev/null && step ${SPLIT_S:-150} split_tables mpiexec --allow-run-as-root --oversubscribe -n 2 python3 -m mpi4py -m pytest -q -p no:cacheprovider tests/distributed/test_cuda_split.py
+python3 -c "import mpi4py" 2>/dev/null && step ${SPLIT_S:-150} split_tables mpiexec -n 2 python3 -m mpi4py -m pytest -q -p no:cacheprovider tests/distributed/test_cuda_split.py
 python3 -c "import mpi4py" 2>/dev/null && step ${SPLIT_BENCH_S:-120} bench_split python3 benchmarks/bench_distributed.py --device cuda --ranks 1,2 --steps 10 --warmup 3
 step ${BOUNDED_S:-120} bench_bounded python3 benchmarks/bench_bounded.py --device cuda --repeats 5 --stream 0
 step ${PROFILE_S:-90} profile_bounded python3 benchmarks/profile_cuda_bounded.py --pass-threads 1 --repeats 8 --ab-round-two
