@@ -246,7 +246,9 @@ def _pick_transport(comm, arrays):
         why = "asked for" if want == "mpi" else "the CUDA simulator has no NCCL"
     else:
         try:
-            import cupy.cuda.nccl  # noqa: F401
+            from cupy.cuda import nccl
+            if not getattr(nccl, "available", True):
+                why = "CuPy found no NCCL library"
         except Exception as e:      # noqa: BLE001  (no CuPy, or a CuPy without NCCL)
             why = f"no NCCL through CuPy ({type(e).__name__}: {e})"
     whys = comm.allgather(why)            # every rank decides alike
