@@ -34,9 +34,10 @@ __all__ = ["plan", "segment_sums", "pick"]
 cuda = None      # numba.cuda, bound by add_kernels (a global: the simulator swaps it)
 
 
-def add_kernels(kernels, cuda_module, body):
+def add_kernels(kernels, cuda_module, body, group_sum):
     """Add the exchange kernels (``exchange_*``) to ``kernels`` (from
-    :func:`jit_kernels.cuda_kernels.build`)."""
+    :func:`jit_kernels.cuda_kernels.build`; ``group_sum``: the optimizer kernels'
+    device function summing a group's gradient rows)."""
     global cuda
     cuda = cuda_module
     owner = body(owner_of)
@@ -89,9 +90,7 @@ def add_kernels(kernels, cuda_module, body):
         dim = out.shape[1]
         for e in range(cuda.grid(1), out.shape[0] * dim, cuda.gridsize(1)):
             g, c = e // dim, e % dim
-            out[g, c] = 0
-            for p in range(starts[g], starts[g + 1]):
-                out[g, c] += grads[order[p], c]
+            group_sum(grads, order, starts[g], starts[g + 1], out[g], c, c + 1)
 
     @kernel
     def pick(back, slot, first, only_first, out):

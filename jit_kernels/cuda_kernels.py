@@ -530,5 +530,5 @@ def build(threads):
     from .cuda_columns import add_kernels as add_column_kernels     # column_*
     add_column_kernels(kernels, cuda, _body)
     from .cuda_exchange import add_kernels as add_exchange_kernels   # exchange_*
-    add_exchange_kernels(kernels, cuda, _body)
+    add_exchange_kernels(kernels, cuda, _body, group_sum)
     return type("Kernels", (), kernels)
