@@ -50,32 +50,23 @@ def add_kernels(kernels, cuda_module, body, group_sum):
         for i in range(cuda.grid(1), ids.shape[0], cuda.gridsize(1)):
             cuda.atomic.min(firstpos, ids[i], i)
 
+    # ids empty: every position is its own key (a plan of every position)
     @kernel
     def owners(keys, ids, firstpos, n_ranks, mask, group):
         """group[i] = the owner of a first occurrence, ``n_ranks`` for a repeat."""
         for i in range(cuda.grid(1), keys.shape[0], cuda.gridsize(1)):
-            if firstpos[ids[i]] == i:
+            if ids.shape[0] == 0 or firstpos[ids[i]] == i:
                 group[i] = owner(keys[i], n_ranks, mask)
             else:
                 group[i] = n_ranks
 
     @kernel
-    def owners_all(keys, n_ranks, mask, group):
-        for i in range(cuda.grid(1), keys.shape[0], cuda.gridsize(1)):
-            group[i] = owner(keys[i], n_ranks, mask)
-
-    @kernel
-    def place_all(keys, order, send_keys, slot):
-        for j in range(cuda.grid(1), send_keys.shape[0], cuda.gridsize(1)):
-            send_keys[j] = keys[order[j]]
-            slot[order[j]] = j
-
-    @kernel
     def place(keys, ids, order, send_keys, place_of):
+        """send_keys[j] = the key at order[j]; place_of[its id] = j."""
         for j in range(cuda.grid(1), send_keys.shape[0], cuda.gridsize(1)):
             p = order[j]
             send_keys[j] = keys[p]
-            place_of[ids[p]] = j
+            place_of[p if ids.shape[0] == 0 else ids[p]] = j
 
     @kernel
     def slots(ids, firstpos, place_of, slot, first):
@@ -114,22 +105,22 @@ def plan(keys, n_ranks, bits=64, unique=True):
     if not n:
         return (cuda.device_array(0, np.int64), np.zeros(n_ranks, np.int64), slot,
                 cuda.device_array(0, np.bool_))
-    if not unique:
-        group = cuda.device_array(n, np.int64)
-        ct._go(K.exchange_owners_all, n, keys, np.int64(n_ranks), mask, group)
-        order, starts = ct.group_positions(group, n_ranks, scratch)
-        send_keys = cuda.device_array(n, np.int64)
-        ct._go(K.exchange_place_all, n, keys, order, send_keys, slot)
-        return send_keys, np.diff(starts.copy_to_host()), slot, ct.filled(n, True, np.bool_)
-    first = cuda.device_array(n, np.bool_)
-    ids, _, u = ct.number_keys(keys, scratch)
-    firstpos = ct.filled(u, n, np.int64)
-    ct._go(K.exchange_first_pos, n, ids, firstpos)
+    if unique:
+        ids, _, u = ct.number_keys(keys, scratch)
+        firstpos = ct.filled(u, n, np.int64)
+        ct._go(K.exchange_first_pos, n, ids, firstpos)
+    else:                          # no ids: each position its own key, all sent
+        ids = firstpos = cuda.device_array(0, np.int64)
+        u = n
     group = cuda.device_array(n, np.int64)
     ct._go(K.exchange_owners, n, keys, ids, firstpos, np.int64(n_ranks), mask, group)
     order, starts = ct.group_positions(group, n_ranks + 1, scratch)
     counts = np.diff(starts.copy_to_host()[:n_ranks + 1])
     send_keys = cuda.device_array(u, np.int64)
+    if not unique:                 # a position's place is its slot
+        ct._go(K.exchange_place, u, keys, ids, order, send_keys, slot)
+        return send_keys, counts, slot, ct.filled(n, True, np.bool_)
+    first = cuda.device_array(n, np.bool_)
     place_of = cuda.device_array(u, np.int64)
     ct._go(K.exchange_place, u, keys, ids, order, send_keys, place_of)
     ct._go(K.exchange_slots, n, ids, firstpos, place_of, slot, first)

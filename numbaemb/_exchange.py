@@ -102,26 +102,22 @@ class DeviceExchange(HostExchange):
     on_device = True
 
     def __init__(self, comm, world_size, key_dtype, arrays):
+        from jit_kernels import cuda_exchange, cuda_table
         super().__init__(comm, world_size, None, key_dtype)
-        self.arrays = arrays
+        self.arrays, self.cx, self.ct = arrays, cuda_exchange, cuda_table
         self._transport = None
 
     @property
     def transport(self):
         return "not chosen yet" if self._transport is None else self._transport.name
 
-    def _k(self):
-        from jit_kernels import cuda_exchange, cuda_table
-        return cuda_exchange, cuda_table
-
     def plan(self, flat, unique=True):
-        cx, ct = self._k()
         with self.arrays.on():
-            send, counts, slot, first = cx.plan(flat, self.world_size,
+            send, counts, slot, first = self.cx.plan(flat, self.world_size,
                                                 8 * self.key_dtype.itemsize, unique)
             if self.key_dtype != send.dtype:           # int32 tables: their own keys
                 keys = self.arrays.empty(send.shape[0], self.key_dtype)
-                ct.cast(send, keys)
+                self.ct.cast(send, keys)
                 send = keys
             return Plan(send, counts, slot, first)
 
@@ -138,9 +134,8 @@ class DeviceExchange(HostExchange):
         return out
 
     def flags(self, back, p, first_only):
-        cx, _ = self._k()
         with self.arrays.on():
-            return cx.pick(back, p.slot, p.firsts if first_only else None)
+            return self.cx.pick(back, p.slot, p.firsts if first_only else None)
 
     def spread(self, a, slot):
         out = self.arrays.empty(a.shape, a.dtype)
@@ -148,16 +143,14 @@ class DeviceExchange(HostExchange):
         return out
 
     def last_wins(self, rows, slot, u):
-        _, ct = self._k()
         with self.arrays.on():
             out = self.arrays.empty((u, rows.shape[1]), rows.dtype)
-            ct.assign_rows(out, slot, rows)
+            self.ct.assign_rows(out, slot, rows)
             return out
 
     def sums(self, grads, slot, u):
-        cx, _ = self._k()
         with self.arrays.on():
-            return cx.segment_sums(grads, slot, u)
+            return self.cx.segment_sums(grads, slot, u)
 
     def scores(self, scores):
         a = self.arrays
