@@ -157,6 +157,37 @@ def _variable_initializer(init):
     return init
 
 
+# HKV's eviction strategies (SOK's ``evict_strategy``) and its settings that place a table
+# in GPU memory (accepted, without effect on a host table)
+_HKV_EVICT = {"kLru": "lru", "kLfu": "lfu", "kEpochLru": "epoch_lru", "kEpochLfu": "epoch_lfu"}
+_HKV_PLACEMENT = ("max_hbm_for_vectors", "max_bucket_size", "max_load_factor", "block_size",
+                  "io_block_size", "device_id", "io_by_cpu")
+
+
+def _hkv_bound(var_type, max_capacity, evict_strategy, kwargs):
+    """``Variable``'s bounding arguments for SOK's settings (``{}``: not bounded); drops
+    HKV's placement settings from ``kwargs``.  As in SOK, the HKV settings are read for
+    ``"hybrid"`` only (DET ignores them); unlike SOK's HKV table, whose default bound is
+    2**26 keys, a ``"hybrid"`` table without ``max_capacity`` grows."""
+    for k in _HKV_PLACEMENT:
+        kwargs.pop(k, None)
+    ratio = kwargs.pop("filter_ratio", 1.0)
+    strategy = "kLru" if evict_strategy is None else evict_strategy
+    if strategy == "kCustomized":
+        raise NotImplementedError("evict_strategy='kCustomized' needs scores with every "
+                                  "insert, which SOK's lookups do not take")
+    if strategy not in _HKV_EVICT:
+        raise ValueError(f"evict_strategy must be one of {sorted(_HKV_EVICT)}, got "
+                         f"{evict_strategy!r}")
+    if var_type != "hybrid":
+        return {}
+    if ratio != 1.0:
+        raise NotImplementedError("filter_ratio (HKV's random admission) is not supported; "
+                                  "pass admit=numbaemb.admission.CounterFilter(...) or "
+                                  "BloomFilter(...) for admission by counts")
+    return dict(max_capacity=max_capacity, evict=_HKV_EVICT[strategy]) if max_capacity else {}
+
+
 class DynamicVariable(Variable):
     """SOK's ``sok.DynamicVariable``: a dynamic table ``key -> row of dimension values``.
 
@@ -164,13 +195,26 @@ class DynamicVariable(Variable):
       dimension: row width.  initializer: ``"random"`` (default: uniform in
         [-0.05, 0.05], a function of the key), a float or its string (``"13"``), or a
         Keras / TF initializer.
-      var_type: ``"hbm"`` (default) or ``"hybrid"``; both keep the table in host memory
-        (tf_bridge tables are host tables; numbaemb's GPU tables are not wired to TF yet).
+      var_type: ``"hbm"`` (default: SOK's DET table) or ``"hybrid"`` (SOK's
+        HierarchicalKV table); both keep the table in host memory (tf_bridge tables are
+        host tables; numbaemb's GPU tables are not wired to TF yet).
       key_type: ``tf.int64`` (default) or ``tf.int32``; dtype: ``tf.float32`` (default)
         or ``tf.float64``.  init_capacity: keys to make room for up front.
       max_capacity: 0 (unbounded) or the most keys the table (distributed: each rank)
-        may hold: an optimizer step or lookup that would insert past it raises
-        ``ValueError`` (no eviction).  name: default ``sok_dynamic_variable_<n>``.
+        may hold.  ``"hbm"``: a hard limit, an optimizer step or lookup that would
+        insert past it raises ``ValueError`` and inserts nothing.  ``"hybrid"``: as
+        HierarchicalKV, a bounded table that evicts: an id inserted into a full table
+        takes the row of the lowest-scored key of its window (or, scoring lower
+        itself, gets no row), see :mod:`numbaemb.bounded`.
+      evict_strategy: ``"hybrid"`` with ``max_capacity`` only: HKV's ``"kLru"``
+        (default), ``"kLfu"``, ``"kEpochLru"`` or ``"kEpochLfu"`` (the epoch is the
+        last optimizer step unless ``v.table.set_epoch(n)``).
+      HKV's other settings (``max_hbm_for_vectors``, ``max_bucket_size``,
+        ``max_load_factor``, ``block_size``, ``io_block_size``, ``device_id``,
+        ``io_by_cpu``) place an HKV table in GPU memory: accepted, without effect on a
+        host table.  ``filter_ratio`` (HKV's random admission) must be 1; ``admit=``
+        takes numbaemb's counter and Bloom filters.  name: default
+        ``sok_dynamic_variable_<n>``.
       mode: None or ``"distributed"``: under mpiexec (after ``sok.init()``) the keys are
         split across the ranks (``id mod size``), as SOK's; with one process a local
         table.
@@ -187,7 +231,7 @@ class DynamicVariable(Variable):
 
     def __init__(self, dimension, initializer=None, var_type=None, name=None, constraint=None,
                  trainable=True, key_type=None, dtype=None, mode=None, init_capacity=0,
-                 max_capacity=0, **kwargs):
+                 max_capacity=0, evict_strategy=None, **kwargs):
         var_type = "hbm" if var_type is None else var_type
         if var_type not in ("hbm", "hybrid"):
             raise ValueError(f"var_type must be 'hbm' or 'hybrid', got {var_type!r}")
@@ -197,19 +241,18 @@ class DynamicVariable(Variable):
             raise NotImplementedError(f"mode must be None or 'distributed', got {mode!r} "
                                       "(localized tables are not supported)")
         init_capacity = int_at_least(init_capacity, "init_capacity", minimum=0)
+        max_capacity = int_at_least(max_capacity, "max_capacity", minimum=0)
+        bounded = _hkv_bound(var_type, max_capacity, evict_strategy, kwargs)
         self.var_type = var_type
         super().__init__(key_dtype=tf.int64 if key_type is None else key_type,
                          value_dtype=tf.float32 if dtype is None else dtype,
                          dim=int_at_least(dimension, "dimension"),
                          name=name or f"sok_dynamic_variable_{next(_NAMES)}",
                          initializer=_variable_initializer(initializer), trainable=trainable,
-                         init_size=init_capacity, distributed=hvd.size() > 1, **kwargs)
-        if max_capacity:
-            if self.distributed:
-                raise NotImplementedError(
-                    "max_capacity on a DynamicVariable split across ranks is not supported "
-                    "yet (All2AllDenseEmbedding's max_vocabulary_size_per_gpu is)")
-            self.max_keys = int_at_least(max_capacity, "max_capacity")
+                         init_size=init_capacity, distributed=hvd.size() > 1, **bounded,
+                         **kwargs)
+        if max_capacity and not bounded:
+            self.max_keys = max_capacity       # "hbm": a hard limit (per rank when split)
 
     shape = property(lambda self: tf.TensorShape([None, self.dim]))
     dimension = property(lambda self: self.dim)

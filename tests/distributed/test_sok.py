@@ -117,3 +117,42 @@ def test_dynamic_variable_is_split_and_training_lookups_insert_on_owners():
     got = {k: r[0] for ks, rs in COMM.allgather((keys, rows)) for k, r in zip(ks.tolist(), rs)}
     want = {k: 13.0 - (WORLD if k in (100, np.iinfo(np.int64).max) else 1) for k in every}
     agree(got == want, f"{got} != {want}")
+
+
+def test_hybrid_dynamic_variable_bounds_each_rank_as_hkv():
+    """sok.DynamicVariable(var_type="hybrid", max_capacity=N) split across ranks: each
+    rank's table holds at most N keys and evicts as HKV; every rank's table is the
+    bounded numbaemb table fed what reaches its owner (the ranks' distinct ids in rank
+    order; the training lookup's insert, then the step with the ranks' summed
+    gradients)."""
+    import numbaemb as ne
+    de.sok.init()
+    cap = 10
+    v = de.sok.DynamicVariable(dimension=2, initializer="13", var_type="hybrid",
+                               max_capacity=cap, name="sok_hkv_split")
+    ref = ne.Variable(2, max_capacity=cap, evict="lru", initializer=13.0)
+    opt = de.sok.OptimizerWrapper(keras.optimizers.SGD(1.0))
+    extremes = [np.iinfo(np.int64).min, np.iinfo(np.int64).max, -1, 0]
+    for step in range(1, 7):
+        shared = [step * 50 + j for j in range(6)] + [extremes[step % 4]]
+        ids = np.array(shared + [step * 50 + 20 + RANK * 5 + j for j in range(3)], np.int64)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.nn.embedding_lookup(v, tf.constant(ids)))
+        tape = hvd.DistributedGradientTape(tape, op=hvd.Sum)
+        opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+        every = np.concatenate(COMM.allgather(ids))
+        mine = every[every.view(np.uint64) % np.uint64(WORLD) == RANK]
+        _, first, counts = np.unique(mine, return_index=True, return_counts=True)
+        order = np.argsort(first, kind="stable")
+        keys = mine[np.sort(first)]
+        ref.find_or_insert(keys)
+        grads = np.repeat(counts[order], 2).reshape(-1, 2).astype(np.float32)
+        ne.optimizers.apply_gradients(ref, ne.optimizers.SGD(learning_rate=1.0), keys, grads,
+                                      step=step)
+        k, x = (np.asarray(a) for a in de.sok.export(v))
+        rk, rx = ref.export()
+        o, ro = np.argsort(k), np.argsort(rk)
+        agree(np.array_equal(k[o], rk[ro]) and np.array_equal(x[o], rx[ro]),
+              f"rank {RANK} step {step}: {k[o]} {x[o]} != {rk[ro]} {rx[ro]}")
+        agree(v.table.local_size() <= cap, v.table.local_size())
+    agree(v.table.local_size() == cap and int(v.size) == cap * WORLD, int(v.size))

@@ -185,3 +185,69 @@ def test_init_is_a_world_of_one_without_mpiexec():
     assert de.distributed.size() == 1
     with pytest.raises(ValueError, match="comm_tool"):
         sok.init(comm_tool="nccl")
+
+
+@pytest.mark.parametrize("strategy, evict", [("kLru", "lru"), ("kLfu", "lfu"),
+                                             ("kEpochLru", "epoch_lru"),
+                                             ("kEpochLfu", "epoch_lfu")])
+def test_hybrid_max_capacity_evicts_as_hkv(strategy, evict):
+    """var_type="hybrid" with max_capacity is HKV's bounded table: SOK training steps (a
+    lookup that inserts, then SGD) into a full table evict, and the table (keys, rows,
+    scores) is at every step the bounded numbaemb table fed the same calls (the
+    lookup's find_or_insert of the batch's distinct ids, then the optimizer step).  LFU
+    evicts nothing here: a lookup and a step count every key twice, and a new id (one
+    count) is not admitted in its place."""
+    import numbaemb as ne
+    cap, rng = 24, np.random.default_rng(5)
+    v = sok.DynamicVariable(dimension=2, initializer="1", var_type="hybrid", max_capacity=cap,
+                            evict_strategy=strategy, name=f"sok_hkv_{evict}")
+    ref = ne.Variable(2, max_capacity=cap, evict=evict, initializer=1.0)
+    assert v.table.max_capacity == cap and v.table.evict == evict and v.max_keys is None
+    opt = sok.OptimizerWrapper(keras.optimizers.SGD(1.0))
+    extremes = [np.iinfo(np.int64).min, np.iinfo(np.int64).max, -1, 0]
+    evicted = refused = 0
+    for step in range(1, 9):
+        ids = np.concatenate([rng.integers(-40, 40, 12), rng.choice(extremes, 2)])
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.nn.embedding_lookup(v, tf.constant(ids, tf.int64)))
+        opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+        uniq, counts = np.unique(ids, return_counts=True)
+        first = uniq[np.argsort([np.flatnonzero(ids == k)[0] for k in uniq], kind="stable")]
+        before = set(ref.export()[0].tolist())
+        ref.find_or_insert(first)
+        grads = np.repeat(counts[np.searchsorted(uniq, first)], 2).reshape(-1, 2)
+        ne.optimizers.apply_gradients(ref, ne.optimizers.SGD(learning_rate=1.0), first,
+                                      grads.astype(np.float32), step=step)
+        after = set(ref.export()[0].tolist())
+        evicted, refused = evicted + len(before - after), refused + len(set(first) - after)
+        k, x = (a.numpy() for a in sok.export(v))
+        rk, rx = ref.export()
+        o, ro = np.argsort(k), np.argsort(rk)
+        np.testing.assert_array_equal(k[o], rk[ro])
+        np.testing.assert_array_equal(x[o], rx[ro])
+        np.testing.assert_array_equal(v.table.export("score")[1][o], ref.export("score")[1][ro])
+        assert int(v.size) <= cap
+    assert int(v.size) == cap
+    assert (evicted, refused > 10) == (0, True) if evict == "lfu" else evicted > 10
+
+
+def test_hybrid_settings_are_hkvs():
+    """HKV's placement settings are accepted (no effect on a host table); the rest
+    of its config is checked; "hbm" keeps max_capacity as a hard limit."""
+    v = sok.DynamicVariable(2, var_type="hybrid", max_capacity=8, max_hbm_for_vectors=1,
+                            max_bucket_size=128, max_load_factor=0.5, block_size=1024,
+                            io_block_size=1024, device_id=0, io_by_cpu=False, filter_ratio=1.0)
+    assert v.table.max_capacity == 8 and v.table.evict == "lru"
+    assert sok.DynamicVariable(2, var_type="hybrid").table.max_capacity is None   # grows
+    hbm = sok.DynamicVariable(2, max_capacity=8, evict_strategy="kLfu")   # DET ignores HKV's
+    assert hbm.table.max_capacity is None and hbm.max_keys == 8
+    with pytest.raises(ValueError, match="evict_strategy"):
+        sok.DynamicVariable(2, var_type="hybrid", max_capacity=8, evict_strategy="lru")
+    with pytest.raises(NotImplementedError, match="kCustomized"):
+        sok.DynamicVariable(2, var_type="hybrid", max_capacity=8, evict_strategy="kCustomized")
+    with pytest.raises(NotImplementedError, match="filter_ratio"):
+        sok.DynamicVariable(2, var_type="hybrid", max_capacity=8, filter_ratio=0.5)
+    with pytest.raises(ValueError, match="max_capacity"):
+        sok.DynamicVariable(2, var_type="hybrid", max_capacity=-1)
+    with pytest.raises(TypeError):
+        sok.DynamicVariable(2, var_type="hybrid", max_capacity=8, bucket_size=3)
