@@ -47,7 +47,7 @@ __all__ = ["DistributedVariable", "OPS"]
 
 OPS = {name: i + 1 for i, name in enumerate(
     ["create", "lookup", "find_or_insert", "upsert", "accum", "remove", "size", "clear",
-     "apply_gradients", "slot_values", "save", "load"])}
+     "apply_gradients", "slot_values", "save", "load", "policy_update"])}
 
 
 class LocalPartitioner:
@@ -385,10 +385,17 @@ class DistributedVariable(Variable):
 
     def remove(self, keys):
         """Collective ``Variable.remove``."""
+        self._on_owners("remove", keys, self.local.remove)
+
+    def _on_owners(self, op, keys, fn, unique=True):
+        """Collective: each rank's ``keys`` (its distinct ones; ``unique=False``: every
+        position, in batch order) go to their owners, which return ``fn(the keys they
+        received, in rank order)``."""
         with self._comm.lock:
-            (_, p), rc = self._begin("remove", lambda: self._keys_plan(keys))
+            (_, p), rc = self._begin(op, lambda: (lambda k, q: ((k, q), q.counts))(
+                *self._plan(keys, unique)))
             recv = self._x.alltoallv(p.send_keys, p.counts, rc)
-            self._local(self.local.remove, recv)
+            return self._local(fn, recv)
 
     def clear(self):
         """Collective: every rank drops its keys."""

@@ -35,15 +35,27 @@ class RestrictPolicy:
                 if self.column not in shard.columns:
                     shard.add_column(self.column, 1, np.int64, init)
 
-    def _rows(self, ids):
-        keys, flat = self.variable._keys(ids)
-        return [(shard, shard.find_rows(kk)) for shard, _, kk in self.variable._parts(keys, flat)]
+    def update(self, ids, once=False):
+        """Record that ``ids`` (any shape) were used; absent ids are ignored.
 
-    def update(self, ids):
-        """Record that ``ids`` (any shape) were used; absent ids are ignored."""
-        with self.variable._lock.write():
-            for shard, rows in self._rows(ids):
-                self._score(shard.columns[self.column].data, rows)
+        ``once``: each distinct id of the call counts once (else every occurrence).
+        On a variable split across ranks (``comm=``) this is collective: every rank
+        calls it with its own ids, and each owner records what the ranks sent, in
+        rank order (``once``: each id once, whichever ranks sent it)."""
+        v = self.variable
+        if getattr(v, "world_size", 1) > 1:
+            v._on_owners("policy_update", ids, lambda k: self._record(v.local, k, once),
+                         unique=once)
+        else:
+            self._record(v, ids, once)
+
+    def _record(self, variable, ids, once):
+        keys, flat = variable._keys(ids)
+        if once:
+            keys = flat = np.unique(flat)
+        with variable._lock.write():
+            for shard, _, part in variable._parts(keys, flat):
+                self._score(shard.columns[self.column].data, shard.find_rows(part))
 
     def _score(self, col, rows):
         raise NotImplementedError
@@ -61,13 +73,17 @@ class RestrictPolicy:
         if isinstance(trigger, bool) or not isinstance(trigger, (int, np.integer)) or trigger < num_reserved:
             raise ValueError(f"trigger must be an int >= num_reserved ({num_reserved}), got {trigger!r}")
         v = self.variable
-        if v.size() <= trigger:
+        size = v.size()
+        if size <= trigger:
             return 0
+        keep = num_reserved
+        split = getattr(v, "world_size", 1) > 1
+        if split:             # each rank keeps its share, as TFRA's partitions do
+            keep = num_reserved // v.world_size + (v.rank < num_reserved % v.world_size)
         keys, scores = v.export(self.column)
-        n_drop = keys.shape[0] - num_reserved
-        drop = keys[np.argsort(scores[:, 0], kind="stable")[:n_drop]]
+        drop = keys[np.argsort(scores[:, 0], kind="stable")[:max(keys.shape[0] - keep, 0)]]
         v.remove(drop)
-        return int(n_drop)
+        return size - v.size() if split else int(drop.shape[0])
 
 
 class TimestampRestrictPolicy(RestrictPolicy):
@@ -82,8 +98,8 @@ class TimestampRestrictPolicy(RestrictPolicy):
     def _score(self, col, rows):
         k.set_rows(col, rows, self.clock + 1)
 
-    def update(self, ids):
-        super().update(ids)
+    def update(self, ids, once=False):
+        super().update(ids, once)
         self.clock += 1
 
 

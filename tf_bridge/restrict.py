@@ -55,8 +55,12 @@ class RestrictPolicy:
         self.policy = self._impl(table)
 
     def update(self, ids):
-        """numpy: record that ``ids`` (any shape, the variable's key dtype) were trained."""
-        self.policy.update(ids)
+        """numpy: record that ``ids`` (any shape, the variable's key dtype) were trained,
+        each distinct id once (as TFRA's policies count).  On a table split across
+        ranks (``distributed=True``) collective: every rank records its step's ids, and
+        the owners record each id once, whichever ranks trained it (one process fed
+        the global batch does the same)."""
+        self.policy.update(ids, once=True)
 
     def apply_update(self, ids, name=None):
         """Record that ``ids`` (a tensor of any shape) were trained (the optimizer
@@ -67,6 +71,10 @@ class RestrictPolicy:
     def apply_restriction(self, num_reserved, trigger=None, name=None):
         """Keep the ``num_reserved`` best-scored keys once size exceeds ``trigger``
         (default ``num_reserved``); the removed keys leave the table and every slot.
+        On a table split across ranks (collective: call it on every rank) each rank
+        keeps its best ``num_reserved / world size`` keys (the remainder to the first
+        ranks) once the whole table's size exceeds ``trigger``, as TFRA restricts each
+        partition; it returns the keys removed from the whole table.
 
         Returns an int64 scalar tensor: how many keys were removed.
         """

@@ -245,8 +245,10 @@ class Variable(tf.__internal__.tracking.Trackable):
         are then collective: every rank makes them, in the same order (see
         :mod:`tf_bridge.distributed`); ``export()`` gives this rank's keys.  Needs an
         initializer whose rows depend on the key only (None, a number, an array or a
-        seeded Keras random initializer); no ``restrict_policy``.  With one process
-        it is an ordinary table.
+        seeded Keras random initializer).  A ``restrict_policy``'s updates (made by
+        the optimizer step) and ``restrict`` are collective too (each rank keeps its
+        share of ``num_reserved``, see :class:`tf_bridge.restrict.RestrictPolicy`).
+        With one process it is an ordinary table.
 
     Checkpoints: the variable is trackable; ``tf.train.Checkpoint(emb=v)`` (or a
     Keras layer / ``tf.Module`` holding it) saves keys, values and every extra
@@ -280,7 +282,7 @@ class Variable(tf.__internal__.tracking.Trackable):
         string = self.key_dtype == tf.string
         opts = dict(key_dtype="string" if string else self.key_dtype.as_numpy_dtype,
                     value_dtype=self.value_dtype.as_numpy_dtype)
-        comm = _distributed_comm(distributed, kernel_init, restrict_policy, initializer)
+        comm = _distributed_comm(distributed, kernel_init, initializer)
         self.table = numbaemb.Variable(
             dim, num_shards=len(self.devices) if num_shards is None else num_shards,
             partitioner=partitioner, name=name, init_size=init_size, seed=seed,
@@ -599,7 +601,7 @@ class Variable(tf.__internal__.tracking.Trackable):
                 f"value_dtype={self.value_dtype.name}, {size})")
 
 
-def _distributed_comm(distributed, kernel_init, restrict_policy, initializer):
+def _distributed_comm(distributed, kernel_init, initializer):
     """The communicator a ``distributed`` table is split over (None: one process).
 
     The limits of distributed tables hold with one process too, so a script that
@@ -613,8 +615,6 @@ def _distributed_comm(distributed, kernel_init, restrict_policy, initializer):
                         "only (None, a number, an array, or a Keras RandomNormal / "
                         "RandomUniform / TruncatedNormal / Zeros / Constant), so that every "
                         f"rank draws the same rows; got {initializer!r}")
-    if restrict_policy is not None:
-        raise NotImplementedError("restrict_policy is not supported on distributed tables yet")
     from . import distributed as hvd
     return hvd.comm()
 

@@ -36,9 +36,9 @@ def test_distributed_table_limits_hold_in_one_process():
     with pytest.raises(TypeError, match="depend on the key only"):
         de.Variable(dim=2, name="dist_glorot", distributed=True,
                     initializer=keras.initializers.GlorotUniform())
-    with pytest.raises(NotImplementedError, match="restrict_policy"):
-        de.Variable(dim=2, name="dist_policy", distributed=True,
-                    restrict_policy=de.TimestampRestrictPolicy)
+    v = de.Variable(dim=2, name="dist_policy", distributed=True,
+                    restrict_policy=de.TimestampRestrictPolicy)   # split tables take them
+    assert v.restrict_policy is not None and not v.distributed
     with pytest.raises(TypeError, match="distributed must be a bool"):
         de.Variable(dim=2, name="dist_str", distributed="yes")
 

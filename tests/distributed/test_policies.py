@@ -1,0 +1,106 @@
+"""Restrict policies on tables split across ranks, under mpiexec: owners score what
+the ranks sent (as one process fed the ranks' ids in rank order); a restriction keeps
+each rank's share of ``num_reserved``, its best-scored keys (TFRA's per-partition
+rule); TF training updates the scores as one process trained on the global batch."""
+import numpy as np
+import pytest
+
+import numbaemb as ne
+from numbaemb import policies
+
+from .conftest import COMM, RANK, WORLD, agree, multi_rank
+
+pytestmark = multi_rank
+EXTREME = [np.iinfo(np.int64).min, np.iinfo(np.int64).max, -1, 0]
+
+
+def owned(keys):
+    return keys.view(np.uint64) % np.uint64(WORLD) == RANK
+
+
+def scores_of(v, column):
+    keys, cols = v.export(column)
+    return dict(zip(keys.tolist(), cols[:, 0].tolist()))
+
+
+@pytest.mark.parametrize("kind", ["TimestampRestrictPolicy", "FrequencyRestrictPolicy"])
+@pytest.mark.parametrize("once", [False, True])
+def test_scores_are_one_process_fed_the_ranks_ids(kind, once):
+    cls = getattr(policies, kind)
+    v = ne.Variable(2, comm=COMM, name=f"pol_{kind}_{once}")
+    ref = ne.Variable(2, name="ref")
+    p, q = cls(v), cls(ref)
+    rng = np.random.default_rng(RANK)
+    for step in range(5):
+        ids = np.concatenate([rng.integers(-20, 20, 6 + RANK), EXTREME[step % 4:][:2]])
+        every = np.concatenate(COMM.allgather(ids))
+        v.find_or_insert(ids)
+        ref.find_or_insert(every)
+        p.update(ids[:-1], once=once)         # (the last id of each rank: never scored)
+        q.update(np.concatenate([a[:-1] for a in COMM.allgather(ids)]), once=once)
+    want = {k: s for k, s in scores_of(ref, p.column).items() if owned(np.array([k]))[0]}
+    agree(scores_of(v, p.column) == want, f"{scores_of(v, p.column)} != {want}")
+    agree(getattr(p, "clock", 0) == getattr(q, "clock", 0))
+
+
+def test_restriction_keeps_each_ranks_share_of_its_best_keys():
+    v = ne.Variable(2, comm=COMM, name="pol_restrict")
+    p = policies.FrequencyRestrictPolicy(v)
+    keys = np.arange(60, dtype=np.int64) * WORLD + RANK       # 60 keys owned by each rank
+    keys[:2] = [EXTREME[RANK % 4], EXTREME[(RANK + 2) % 4]]
+    keys = keys[owned(keys)]
+    v.find_or_insert(keys)
+    for r in range(5):
+        p.update(np.repeat(keys, np.arange(keys.shape[0]) % 7 + r))
+    size = v.size()
+    agree(p.apply_restriction(10, trigger=size) == 0 and v.size() == size)
+    before = scores_of(v, p.column)
+    removed = p.apply_restriction(10)
+    share = 10 // WORLD + (RANK < 10 % WORLD)
+    after = scores_of(v, p.column)
+    agree(removed == size - 10 and v.size() == 10 and len(after) == share, (removed, after))
+    dropped = set(before) - set(after)
+    agree(min(after.values()) >= max(before[k] for k in dropped), (after, dropped))
+    gone = v.local.lookup(np.array(sorted(dropped), np.int64), return_exists=True)[1]
+    agree(len(dropped) > 0 and not gone.any())
+
+
+@pytest.mark.parametrize("policy", ["TimestampRestrictPolicy", "FrequencyRestrictPolicy"])
+def test_tf_training_scores_as_one_process_on_the_global_batch(policy):
+    """de.Variable(distributed=True, restrict_policy=...) trained in a tf.function
+    (each rank its share of the global batch, Sum of gradients): the owners' scores are
+    those of one process trained on the global batch; ``restrict`` keeps each rank's
+    share of its best keys, on every rank alike."""
+    tf = pytest.importorskip("tensorflow")
+    keras = pytest.importorskip("keras")
+    de = pytest.importorskip("tf_bridge")
+    hvd = de.distributed
+    cls = getattr(de, policy)
+    v = de.Variable(dim=2, name=f"pol_tf_{policy}", initializer=0.5, distributed=True,
+                    restrict_policy=cls)
+    ref = de.Variable(dim=2, name=f"pol_tf_ref_{policy}", initializer=0.5, restrict_policy=cls)
+    opt, ref_opt = (de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)) for _ in "ab")
+
+    def stepper(var, o, tape_wrap):
+        @tf.function
+        def step(ids):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(de.embedding_lookup(var, ids))
+            o.apply_gradients(zip(tape_wrap(tape).gradient(loss, [var]), [var]))
+        return step
+
+    step = stepper(v, opt, lambda t: hvd.DistributedGradientTape(t, op=hvd.Sum))
+    ref_step = stepper(ref, ref_opt, lambda t: t)
+    rng = np.random.default_rng(9)
+    for s in range(6):
+        batch = np.concatenate([rng.integers(0, 30 + 5 * s, 4 * WORLD), EXTREME])
+        batch = rng.permutation(batch)
+        share = np.array_split(batch, WORLD)[RANK]
+        step(tf.constant(share))
+        ref_step(tf.constant(batch))
+    column = v.restrict_policy.policy.column
+    want = {k: s for k, s in scores_of(ref.table, column).items() if owned(np.array([k]))[0]}
+    agree(scores_of(v.table, column) == want, f"{scores_of(v.table, column)} != {want}")
+    size = v.size().numpy()
+    removed = [int(v.restrict(6).numpy())]
+    agree(COMM.allgather(removed) == [[size - 6]] * WORLD and int(v.size().numpy()) == 6)
