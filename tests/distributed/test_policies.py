@@ -104,3 +104,43 @@ def test_tf_training_scores_as_one_process_on_the_global_batch(policy):
     size = v.size().numpy()
     removed = [int(v.restrict(6).numpy())]
     agree(COMM.allgather(removed) == [[size - 6]] * WORLD and int(v.size().numpy()) == 6)
+
+
+def test_checkpoint_keeps_the_policy_on_the_restored_table(tmp_path_factory):
+    """hvd.Checkpoint of a split table with a timestamp policy: after the restore the
+    policy scores the restored table (its ids' stamps kept, later steps' above them),
+    and restrict keeps the ids trained since."""
+    from .conftest import shared_tmpdir
+    tf = pytest.importorskip("tensorflow")
+    keras = pytest.importorskip("keras")
+    de = pytest.importorskip("tf_bridge")
+    hvd = de.distributed
+    d = shared_tmpdir(tmp_path_factory)
+
+    def make():
+        return de.Variable(dim=2, name="pol_ckpt", initializer=0.5, distributed=True,
+                           restrict_policy=de.TimestampRestrictPolicy)
+
+    def train(var, opt, ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(de.embedding_lookup(var, tf.constant(ids, tf.int64)))
+        tape = hvd.DistributedGradientTape(tape, op=hvd.Sum)
+        opt.apply_gradients(zip(tape.gradient(loss, [var]), [var]))
+
+    v = make()
+    opt = de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1))
+    for s in range(3):
+        train(v, opt, np.arange(10 * s, 10 * s + 10) + 100 * RANK)
+    column = v.restrict_policy.policy.column
+    saved = scores_of(v.table, column)
+    path = hvd.Checkpoint(emb=v).save(f"{d}/ckpt")
+    w = make()
+    hvd.Checkpoint(emb=w).restore(path)
+    agree(w.restrict_policy.policy.variable is w.table, "the policy scores another table")
+    agree(scores_of(w.table, column) == saved)
+    new = 1000 * WORLD + np.arange(5) * WORLD + RANK       # 5 new ids owned by each rank
+    train(w, de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)), new)
+    w.restrict(5 * WORLD)
+    every = sorted(k for ks in COMM.allgather(w.table.export()[0].tolist()) for k in ks)
+    want = list(range(1000 * WORLD, 1005 * WORLD))
+    agree(every == want, f"{every} != {want}")

@@ -244,6 +244,14 @@ def _adopt(var, loaded):
                          f"{old.key_dtype}/{old.value_dtype}")
     loaded.key_range, loaded.max_keys = old.key_range, old.max_keys
     var.table = loaded
+    policy = var.restrict_policy
+    if policy is not None:      # the policy scores the loaded table (its column, if saved)
+        var.restrict_policy = type(policy)(var)
+        p = var.restrict_policy.policy
+        if hasattr(p, "clock"):     # later steps stamp above every restored key, every rank's
+            scores = loaded.export(p.column)[1]
+            top = int(scores.max()) if scores.size else 0
+            p.clock = max(_comm().allgather(top)) if var.distributed else top
 
 
 def gather_table(var):
