@@ -374,11 +374,7 @@ def restore_table_state(variable, state):
     forget = getattr(variable, "_forget_all", None)
     if forget is not None:                      # callable initializers' pending draws
         forget()
-    policy = getattr(getattr(variable, "restrict_policy", None), "policy", None)
-    if hasattr(policy, "clock") and any(c[0] == policy.column for c in cols):
-        # timestamp policy: later steps must score above every restored key
-        scores = next(c[4] for c in cols if c[0] == policy.column)
-        policy.clock = int(scores.max()) if scores.size else 0
+    _restored_clock(variable, cols)
     _bounded_restored(table, cols, meta.get("bounded"))
     if admit is not None:
         table.admit = admit
@@ -462,6 +458,15 @@ def restore_from_tensors(variable, tensors):
                              name="restore_table_state")
 
 
+def _restored_clock(variable, cols):
+    """A timestamp policy's clock after a restore of ``cols`` (the state's columns,
+    every rank's for a split table): later steps must score above every restored key."""
+    policy = getattr(getattr(variable, "restrict_policy", None), "policy", None)
+    if hasattr(policy, "clock") and any(c[0] == policy.column for c in cols):
+        scores = next(c[4] for c in cols if c[0] == policy.column)
+        policy.clock = int(scores.max()) if scores.size else 0
+
+
 def _restore_owned(variable, state):
     """Restore ``state``; a table split across ranks keeps the keys this rank owns."""
     if not getattr(variable, "distributed", False):
@@ -469,11 +474,13 @@ def _restore_owned(variable, state):
         return
     from numbaemb.distributed_checkpoint import _owned
     table = variable.table
+    full = state
     mine = _owned(table, np.asarray(state["keys"]).astype(table.key_dtype))
     meta = dict(_meta(state["columns"]), size=int(np.count_nonzero(mine)))
     state = dict(state, keys=state["keys"][mine], values=state["values"][mine],
                  column_bytes=state["column_bytes"][mine], columns=json.dumps(meta))
     restore_table_state(table.local, state)
+    _restored_clock(variable, _parse(table.local, full)[2])
 
 
 def saveable(var):

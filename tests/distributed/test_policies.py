@@ -144,3 +144,39 @@ def test_checkpoint_keeps_the_policy_on_the_restored_table(tmp_path_factory):
     every = sorted(k for ks in COMM.allgather(w.table.export()[0].tolist()) for k in ks)
     want = list(range(1000 * WORLD, 1005 * WORLD))
     agree(every == want, f"{every} != {want}")
+
+
+def test_keras_file_keeps_the_policy_clock(tmp_path_factory):
+    """hvd.save_model / hvd.load_model of a model with a split, timestamp-restricted
+    layer: every rank's policy clock is past every restored stamp (all ranks'), so
+    ids trained after the load outlast the restored ones."""
+    from .conftest import shared_tmpdir
+    pytest.importorskip("tensorflow")
+    keras = pytest.importorskip("keras")
+    de = pytest.importorskip("tf_bridge")
+    hvd = de.distributed
+    d = shared_tmpdir(tmp_path_factory)
+
+    def fit(model, ids):
+        model.fit(ids.reshape(-1, 1), np.ones((ids.shape[0], 1)), batch_size=ids.shape[0],
+                  verbose=0, shuffle=False)
+
+    ids = keras.Input((1,), dtype="int64")
+    emb = de.keras.layers.Embedding(2, name="pol_keras", distributed=True,
+                                    restrict_policy="TimestampRestrictPolicy")
+    model = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Flatten()(emb(ids))))
+    model.compile(hvd.DistributedOptimizer(de.DynamicEmbeddingOptimizer(
+        keras.optimizers.SGD(0.1))), loss="mse")
+    for s in range(3):
+        fit(model, np.arange(4) + 10 * s + 100 * RANK)
+    hvd.save_model(model, f"{d}/m.keras")
+    loaded = hvd.load_model(f"{d}/m.keras")
+    var = loaded.get_layer("pol_keras").params
+    stamps = COMM.allgather(var.table.export(var.restrict_policy.policy.column)[1].max())
+    agree(var.restrict_policy.policy.clock == max(stamps) == 3, (stamps,
+                                                               var.restrict_policy.policy.clock))
+    new = 1000 * WORLD + np.arange(2) * WORLD + RANK
+    fit(loaded, new)
+    var.restrict(2 * WORLD)
+    every = sorted(k for ks in COMM.allgather(var.table.export()[0].tolist()) for k in ks)
+    agree(every == list(range(1000 * WORLD, 1002 * WORLD)), every)
