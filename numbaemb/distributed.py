@@ -224,8 +224,8 @@ class DistributedVariable(Variable):
         their first exchange)."""
         return self._x.transport
 
-    def _keys_plan(self, keys):
-        k, p = self._plan(keys)
+    def _keys_plan(self, keys, unique=True):
+        k, p = self._plan(keys, unique)
         return (k, p), p.counts
 
     def _local(self, fn, *args, **kwargs):
@@ -392,8 +392,7 @@ class DistributedVariable(Variable):
         position, in batch order) go to their owners, which return ``fn(the keys they
         received, in rank order)``."""
         with self._comm.lock:
-            (_, p), rc = self._begin(op, lambda: (lambda k, q: ((k, q), q.counts))(
-                *self._plan(keys, unique)))
+            (_, p), rc = self._begin(op, lambda: self._keys_plan(keys, unique))
             recv = self._x.alltoallv(p.send_keys, p.counts, rc)
             return self._local(fn, recv)
 
