@@ -19,6 +19,11 @@ filtered.  Counts live outside the table:
   counters and ``k`` hashes sized for ``capacity`` ids at ``error_rate``
   (``m = -capacity ln(p) / ln(2)^2``: 9.6 bytes per id at 1%); counts are upper
   bounds (conservative update), so a rare id may be admitted early, never late.
+* :class:`RandomFilter`: HierarchicalKV's random admission (SOK's ``filter_ratio``):
+  an absent id gets a row with probability ``p`` in each inserting call.  The coin is
+  a hash of the id, a seed and the filter's clock (the calls that brought it absent
+  ids so far), so a run is reproducible on any device or world size; its state is
+  that clock (8 bytes in all).
 
 >>> import numpy as np, numbaemb as ne
 >>> v = ne.Variable(dim=1, admit=CounterFilter(min_count=2))
@@ -39,7 +44,7 @@ from jit_kernels.segment import unique_inverse
 
 from . import _checks
 
-__all__ = ["CounterFilter", "BloomFilter", "admitted"]
+__all__ = ["CounterFilter", "BloomFilter", "RandomFilter", "admitted"]
 
 
 class CounterFilter:
@@ -125,6 +130,46 @@ class BloomFilter:
                 f"error_rate={self.error_rate})")
 
 
+@njit(nogil=True, cache=True)
+def _coins(keys, seed, clock, limit, out):
+    """``out[i]`` = 1 if the coin of ``keys[i]`` in call ``clock`` falls below ``limit``
+    (of 2**53), else 0."""
+    salt = mix64(np.uint64(seed) + np.uint64(clock) * GOLDEN)
+    for i in range(keys.shape[0]):
+        out[i] = 1 if (mix64(hash_key(keys[i]) ^ salt) >> np.uint64(11)) < limit else 0
+
+
+class RandomFilter:
+    """Admit an absent id with probability ``p`` in each inserting call (see the
+    module doc; HKV's and SOK's ``filter_ratio``).
+
+    Args:
+      p: the probability, in (0, 1].
+      seed: int >= 0; with the call number it decides every coin.
+    """
+
+    min_count = 1
+
+    def __init__(self, p, seed=0):
+        if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)) \
+                or not 0.0 < float(p) <= 1.0:
+            raise ValueError(f"p must be a probability in (0, 1], got {p!r}")
+        self.p = float(p)
+        self.seed = _checks.positive_int(seed, "seed", minimum=0)
+        self.clock = 0          # calls that brought absent ids so far
+
+    def count(self, keys):
+        """1 where ``keys`` (int64 (n,), none admitted yet) win this call's coin, else
+        0 (a batch's repeats of an id share its coin)."""
+        self.clock += 1
+        out = np.empty(keys.shape[0], np.int64)
+        _coins(keys, self.seed, self.clock, np.uint64(round(self.p * 2.0 ** 53)), out)
+        return out
+
+    def __repr__(self):
+        return f"RandomFilter(p={self.p}, seed={self.seed})"
+
+
 def admitted(variable, keys, flat):
     """Positions of ``flat`` (int64 keys, (n,)) that may get a row in ``variable``: the
     ids it holds, and the absent ones whose count reaches the filter's ``min_count``
@@ -154,6 +199,8 @@ def state(f):
     if isinstance(f, BloomFilter):
         return ({"kind": "bloom", "min_count": f.min_count, "capacity": f.capacity,
                  "error_rate": f.error_rate}, {"counters": f.counters})
+    if isinstance(f, RandomFilter):
+        return {"kind": "random", "p": f.p, "seed": f.seed, "clock": f.clock}, {}
     if isinstance(f, CounterFilter):
         keys, counts = f.counts.export()
         shard = f.counts.shards[0]
@@ -168,7 +215,7 @@ def state(f):
 def config_of(f):
     """The settings of filter ``f`` as a JSON-able dict (no counts), e.g. for a Keras
     layer's config; :func:`from_config` makes an empty filter of them."""
-    config = dict(state(f)[0]) if isinstance(f, BloomFilter) else {
+    config = dict(state(f)[0]) if isinstance(f, (BloomFilter, RandomFilter)) else {
         "kind": "counter", "min_count": f.min_count, "capacity": f.capacity}
     config.pop("clock", None)
     return config
@@ -181,8 +228,10 @@ def from_config(config):
         return BloomFilter(config["min_count"], config["capacity"], config["error_rate"])
     if kind == "counter":
         return CounterFilter(config["min_count"], config["capacity"])
-    raise ValueError(f"admit: an admission filter config must be a dict with kind 'counter' "
-                     f"or 'bloom', got {config!r}")
+    if kind == "random":
+        return RandomFilter(config["p"], config["seed"])
+    raise ValueError(f"admit: an admission filter config must be a dict with kind 'counter', "
+                     f"'bloom' or 'random', got {config!r}")
 
 
 def merge(filters, keep=None):
@@ -196,6 +245,8 @@ def merge(filters, keep=None):
     if any({k: v for k, v in c.items() if k != "clock"} !=
            {k: v for k, v in config.items() if k != "clock"} for c, _ in states):
         raise ValueError("the admission filters to merge differ in kind or configuration")
+    if config["kind"] == "random":      # the ranks count the same calls: the latest
+        return from_state(dict(config, clock=max(int(c["clock"]) for c, _ in states)), {})
     if config["kind"] == "bloom":
         total = np.sum([a["counters"].astype(np.int64) for _, a in states], axis=0)
         return from_state(config, {"counters": np.minimum(total, 255).astype(np.uint8)})
@@ -225,6 +276,10 @@ def from_state(config, arrays):
         if counters.shape != f.counters.shape:
             raise ValueError("Bloom filter counters do not match its configuration")
         f.counters[:] = counters
+        return f
+    if kind == "random":
+        f = RandomFilter(config["p"], config["seed"])
+        f.clock = _checks.positive_int(config["clock"], "clock", minimum=0)
         return f
     if kind == "counter":
         f = CounterFilter(config["min_count"], config["capacity"])

@@ -100,8 +100,9 @@ class Variable:
         that :func:`numbaemb.expiry.expire` can drop the keys not updated in that many
         steps (see :mod:`numbaemb.expiry`; CPU or GPU).
       admit: None, or an admission filter (:mod:`numbaemb.admission`:
-        ``CounterFilter(min_count)`` / ``BloomFilter(min_count, capacity, error_rate)``):
-        an absent id gets a row only once it has been seen ``min_count`` times.
+        ``CounterFilter(min_count)`` / ``BloomFilter(min_count, capacity, error_rate)``:
+        an absent id gets a row only once it has been seen ``min_count`` times;
+        ``RandomFilter(p, seed)``: with probability ``p`` each call).
 
     Limits (attributes, None by default): ``key_range = (lo, hi)`` makes every op
     reject keys outside ``[lo, hi)`` with a ValueError before it changes anything;
@@ -161,7 +162,7 @@ class Variable:
         self._clock, self._epoch, self._last_step = 0, None, 0
         if admit is not None and not (hasattr(admit, "count") and hasattr(admit, "min_count")):
             raise TypeError(f"admit must be None or an admission filter (numbaemb.admission."
-                            f"CounterFilter / BloomFilter), got {type(admit).__name__}")
+                            f"CounterFilter / BloomFilter / RandomFilter), got {type(admit).__name__}")
         self.admit = admit
         if self.max_capacity is not None and device_id is not None:
             from .cuda_bounded import CudaBoundedShard

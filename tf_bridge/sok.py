@@ -21,12 +21,14 @@ becomes ``from tf_bridge import sok``); ``tf.nn.embedding_lookup(v, ids)`` works
 TensorShape([5, 2, 3, 4])
 """
 import itertools
+import zlib
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from numbaemb import initializers as ne_init
+from numbaemb.admission import RandomFilter
 
 from . import distributed as hvd
 from ._args import int_at_least
@@ -164,11 +166,13 @@ _HKV_PLACEMENT = ("max_hbm_for_vectors", "max_bucket_size", "max_load_factor", "
                   "io_block_size", "device_id", "io_by_cpu")
 
 
-def _hkv_bound(var_type, max_capacity, evict_strategy, kwargs):
+def _hkv_bound(var_type, max_capacity, evict_strategy, kwargs, name):
     """``Variable``'s bounding arguments for SOK's settings (``{}``: not bounded); drops
     HKV's placement settings from ``kwargs``.  As in SOK, the HKV settings are read for
     ``"hybrid"`` only (DET ignores them); unlike SOK's HKV table, whose default bound is
-    2**26 keys, a ``"hybrid"`` table without ``max_capacity`` grows."""
+    2**26 keys, a ``"hybrid"`` table without ``max_capacity`` grows.  ``filter_ratio``
+    below 1 admits new ids by :class:`numbaemb.admission.RandomFilter`, seeded by the
+    variable's ``name``."""
     for k in _HKV_PLACEMENT:
         kwargs.pop(k, None)
     ratio = kwargs.pop("filter_ratio", 1.0)
@@ -181,11 +185,15 @@ def _hkv_bound(var_type, max_capacity, evict_strategy, kwargs):
                          f"{evict_strategy!r}")
     if var_type != "hybrid":
         return {}
-    if ratio != 1.0:
-        raise NotImplementedError("filter_ratio (HKV's random admission) is not supported; "
-                                  "pass admit=numbaemb.admission.CounterFilter(...) or "
-                                  "BloomFilter(...) for admission by counts")
-    return dict(max_capacity=max_capacity, evict=_HKV_EVICT[strategy]) if max_capacity else {}
+    out = dict(max_capacity=max_capacity, evict=_HKV_EVICT[strategy]) if max_capacity else {}
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float, np.integer, np.floating)) \
+            or not 0.0 < float(ratio) <= 1.0:
+        raise ValueError(f"filter_ratio must be a probability in (0, 1], got {ratio!r}")
+    if ratio < 1.0:             # HKV admits a new id with probability filter_ratio
+        if kwargs.get("admit") is not None:
+            raise ValueError("pass filter_ratio or admit, not both")
+        out["admit"] = RandomFilter(float(ratio), seed=zlib.crc32(name.encode()))
+    return out
 
 
 class DynamicVariable(Variable):
@@ -212,8 +220,10 @@ class DynamicVariable(Variable):
       HKV's other settings (``max_hbm_for_vectors``, ``max_bucket_size``,
         ``max_load_factor``, ``block_size``, ``io_block_size``, ``device_id``,
         ``io_by_cpu``) place an HKV table in GPU memory: accepted, without effect on a
-        host table.  ``filter_ratio`` (HKV's random admission) must be 1; ``admit=``
-        takes numbaemb's counter and Bloom filters.  name: default
+        host table.  filter_ratio: ``"hybrid"`` only, HKV's random admission: a new id
+        gets a row with probability ``filter_ratio`` at each insert
+        (:class:`numbaemb.admission.RandomFilter`, seeded by the name; default 1: all);
+        ``admit=`` takes numbaemb's counter and Bloom filters instead.  name: default
         ``sok_dynamic_variable_<n>``.
       mode: None or ``"distributed"``: under mpiexec (after ``sok.init()``) the keys are
         split across the ranks (``id mod size``), as SOK's; with one process a local
@@ -242,16 +252,17 @@ class DynamicVariable(Variable):
                                       "(localized tables are not supported)")
         init_capacity = int_at_least(init_capacity, "init_capacity", minimum=0)
         max_capacity = int_at_least(max_capacity, "max_capacity", minimum=0)
-        bounded = _hkv_bound(var_type, max_capacity, evict_strategy, kwargs)
+        name = name or f"sok_dynamic_variable_{next(_NAMES)}"
+        bounded = _hkv_bound(var_type, max_capacity, evict_strategy, kwargs, name)
         self.var_type = var_type
         super().__init__(key_dtype=tf.int64 if key_type is None else key_type,
                          value_dtype=tf.float32 if dtype is None else dtype,
                          dim=int_at_least(dimension, "dimension"),
-                         name=name or f"sok_dynamic_variable_{next(_NAMES)}",
+                         name=name,
                          initializer=_variable_initializer(initializer), trainable=trainable,
                          init_size=init_capacity, distributed=hvd.size() > 1, **bounded,
                          **kwargs)
-        if max_capacity and not bounded:
+        if max_capacity and "max_capacity" not in bounded:
             self.max_keys = max_capacity       # "hbm": a hard limit (per rank when split)
 
     shape = property(lambda self: tf.TensorShape([None, self.dim]))

@@ -90,6 +90,21 @@ def test_admission_counts_a_key_once_per_call_on_its_owner():
     agree(same_table(v, oracle) and 0 < v.local_size() < owned, (v.local_size(), owned))
 
 
+def test_random_admission_on_each_owner_is_the_oracles():
+    """RandomFilter on a split table: each owner's coins are those of one process fed
+    what reaches it (the same seed, the same calls), so its table is the oracle's."""
+    opt = ne.optimizers.SGD(1.0)
+    v = ne.Variable(2, comm=COMM, name="random_split", admit=admission.RandomFilter(0.4, 7),
+                    initializer=INIT)
+    oracle = ne.Variable(2, admit=admission.RandomFilter(0.4, 7), initializer=INIT)
+    for call in range(6):
+        ids = batch(call, RANK)
+        ne.optimizers.apply_gradients(v, opt, ids, np.ones((ids.shape[0], 2)), step=call + 1)
+        ne.optimizers.apply_gradients(oracle, opt, received(call), received_sums(call),
+                                      step=call + 1)
+    agree(same_table(v, oracle) and v.local.admit.clock == oracle.admit.clock > 0)
+
+
 def test_steps_to_live_expire_removes_each_ranks_stale_keys():
     v = ne.Variable(2, comm=COMM, name="ttl_split", steps_to_live=2)
     opt = ne.optimizers.SGD(0.1)

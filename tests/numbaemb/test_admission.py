@@ -109,3 +109,61 @@ def test_filter_state_survives_a_checkpoint(make, tmp_path):
     for t in (w, twin):
         t.find_or_insert(np.arange(10))           # the third call for 0..4: in
     assert sorted(w.export()[0].tolist()) == sorted(twin.export()[0].tolist()) == list(range(5))
+
+
+def coin(key, p, seed, call):
+    """The oracle of RandomFilter's coin, in Python integers."""
+    from jit_kernels.hashing import GOLDEN, hash_key, mix64
+    with np.errstate(over="ignore"):          # (uint64 arithmetic wraps, as in the kernel)
+        salt = mix64(np.uint64(seed) + np.uint64(call) * GOLDEN)
+    return int(mix64(np.uint64(hash_key(np.int64(key))) ^ np.uint64(salt))) >> 11 < round(p * 2.0 ** 53)
+
+
+@pytest.mark.parametrize("op", ["find_or_insert", "train"])
+def test_random_filter_admits_by_its_coin(op):
+    """Each inserting call flips one coin per absent id (hash of id, seed, call number):
+    the table holds exactly the ids whose coin fell below p in a call while absent; a
+    call's repeats of an id share its coin; about p of the ids get in per call."""
+    from numbaemb.admission import RandomFilter
+    p, seed = 0.3, 11
+    v = ne.Variable(2, admit=RandomFilter(p, seed), initializer=ne.initializers.Constant(0.5))
+    table, rng = set(), np.random.default_rng(4)
+    for call in range(1, 13):
+        keys = np.concatenate([rng.choice(EXTREME, 3), rng.integers(-300, 300, 200)])
+        if op == "find_or_insert":
+            out, exists = v.find_or_insert(keys, return_exists=True)
+            assert (out == 0.5).all()
+        else:
+            O.apply_gradients(v, O.SGD(1.0), keys, np.ones((keys.size, 2), np.float32),
+                              step=call)
+        table |= {k for k in set(keys.tolist()) - table if coin(k, p, seed, call)}
+        assert sorted(v.export()[0].tolist()) == sorted(table)
+    assert v.admit.clock == 12
+    fresh = np.arange(10**6, 10**6 + 20_000)
+    before = v.size()
+    v.find_or_insert(fresh)
+    assert abs((v.size() - before) / fresh.size - p) < 0.02
+
+
+def test_random_filter_state_config_and_bad_arguments(tmp_path):
+    from numbaemb.admission import RandomFilter, config_of, from_config, merge
+    v, twin = ne.Variable(1, admit=RandomFilter(0.5, 3)), ne.Variable(1, admit=RandomFilter(0.5, 3))
+    for t in (v, twin):
+        for _ in range(3):
+            t.find_or_insert(np.arange(100))
+    v.save(tmp_path / "r.nbe")
+    w = ne.Variable.load(tmp_path / "r.nbe")
+    assert (w.admit.p, w.admit.seed, w.admit.clock) == (0.5, 3, 3)
+    for t in (w, twin):                          # the same coins from the same call number
+        t.find_or_insert(np.arange(100, 300))
+    assert sorted(w.export()[0].tolist()) == sorted(twin.export()[0].tolist())
+    assert config_of(w.admit) == {"kind": "random", "p": 0.5, "seed": 3}
+    assert repr(from_config(config_of(w.admit))) == "RandomFilter(p=0.5, seed=3)"
+    late = RandomFilter(0.5, 3)
+    late.clock = 9
+    assert merge([w.admit, late]).clock == 9
+    for bad in (0, 1.5, -0.1, "0.5", True):
+        with pytest.raises(ValueError, match="p must be a probability"):
+            RandomFilter(bad)
+    with pytest.raises(ValueError, match="seed"):
+        RandomFilter(0.5, seed=-1)

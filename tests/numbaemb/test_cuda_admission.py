@@ -25,7 +25,9 @@ def exported(v):
 @pytest.mark.parametrize("make, bound", [
     (lambda: ne.admission.CounterFilter(min_count=2), {}),
     (lambda: ne.admission.BloomFilter(min_count=3, capacity=64),
-     {"max_capacity": 12, "evict_window": 4})], ids=["counter-plain", "bloom-bounded"])
+     {"max_capacity": 12, "evict_window": 4}),
+    (lambda: ne.admission.RandomFilter(0.5, seed=3), {})],
+    ids=["counter-plain", "bloom-bounded", "random-plain"])
 def test_filtered_gpu_table_matches_the_cpu(make, bound):
     gpu = ne.Variable(2, device="cuda", admit=make(), seed=2, **bound)
     cpu = ne.Variable(2, admit=make(), seed=2, **bound)

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 import tf_bridge as de
+from numbaemb import admission as ne_admission
 from tf_bridge import sok
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -245,8 +246,13 @@ def test_hybrid_settings_are_hkvs():
         sok.DynamicVariable(2, var_type="hybrid", max_capacity=8, evict_strategy="lru")
     with pytest.raises(NotImplementedError, match="kCustomized"):
         sok.DynamicVariable(2, var_type="hybrid", max_capacity=8, evict_strategy="kCustomized")
-    with pytest.raises(NotImplementedError, match="filter_ratio"):
-        sok.DynamicVariable(2, var_type="hybrid", max_capacity=8, filter_ratio=0.5)
+    for bad in (0, 1.5, "0.5"):
+        with pytest.raises(ValueError, match="filter_ratio"):
+            sok.DynamicVariable(2, var_type="hybrid", filter_ratio=bad)
+    with pytest.raises(ValueError, match="not both"):
+        sok.DynamicVariable(2, var_type="hybrid", filter_ratio=0.5,
+                            admit=ne_admission.CounterFilter(2))
+    assert sok.DynamicVariable(2, filter_ratio=0.5).table.admit is None     # DET: ignored
     with pytest.raises(ValueError, match="max_capacity"):
         sok.DynamicVariable(2, var_type="hybrid", max_capacity=-1)
     with pytest.raises(TypeError):
@@ -281,3 +287,25 @@ def test_hybrid_bounded_variable_round_trips_through_a_checkpoint(tmp_path):
     np.testing.assert_array_equal(xv[ov], xw[ow])
     np.testing.assert_array_equal(v.table.export("score")[1][ov], w.table.export("score")[1][ow])
     assert int(w.size) == 16 and set(range(100, 106)) <= set(kw.tolist())
+
+
+def test_hybrid_filter_ratio_admits_new_ids_at_random():
+    """filter_ratio (HKV's random admission): a training lookup gives a new id a row
+    with that probability, by numbaemb's RandomFilter seeded by the variable's name, so
+    two variables of one name admit the same ids; an id left out reads its initial
+    row and may get in at a later step."""
+    def make():
+        return sok.DynamicVariable(dimension=2, initializer="1", var_type="hybrid",
+                                   filter_ratio=0.25, name="sok_hkv_ratio")
+    v, w = make(), make()
+    f = v.table.admit
+    assert isinstance(f, ne_admission.RandomFilter) and f.p == 0.25
+    ids = tf.range(4000, dtype=tf.int64)
+    for var in (v, w):
+        rows = tf.nn.embedding_lookup(var, ids)
+        assert np.all(rows.numpy() == 1.0)
+    assert abs(int(v.size) / 4000 - 0.25) < 0.03
+    assert sorted(sok.export(v)[0].numpy().tolist()) == sorted(sok.export(w)[0].numpy().tolist())
+    first = int(v.size)
+    tf.nn.embedding_lookup(v, ids)
+    assert int(v.size) > first + 500           # a fresh coin for the ids left out
