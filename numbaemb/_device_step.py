@@ -12,8 +12,10 @@ The steps of :func:`numbaemb.optimizers.apply_gradients`, on the device:
    rows from zero in batch order (the bits of the CPU's ``segment_sum``) and
    runs the CPU's own ``*_row`` body on the row and its slots.
 
-Not on the device yet (NotImplementedError): ``delta`` (bp_v2) and tables with
-more than one shard.  ``initial_rows`` is not used: new rows are drawn again on
+A table of several shards (all on the variable's GPU) groups the batch once, then
+inserts each shard's distinct ids into it and runs the update kernel on that
+shard's columns (the other shards' ids dropped there).  Not on the device yet
+(NotImplementedError): ``delta`` (bp_v2).  ``initial_rows`` is not used: new rows are drawn again on
 the device (the same values: initial values are a function of (seed, key)).
 """
 import threading
@@ -22,6 +24,7 @@ import weakref
 import numpy as np
 
 from . import _checks
+from .sharding import default_partitioner, split
 
 _SCRATCH = weakref.WeakKeyDictionary()       # one step scratch per shard (reused buffers)
 _SCRATCH_LOCK = threading.Lock()
@@ -47,9 +50,6 @@ def apply_on_device(variable, optimizer, ids, grads, step, lr, assume_unique, de
     if delta:
         raise NotImplementedError("apply_gradients(delta=True) (bp_v2) runs on CPU variables "
                                   f"only so far; variable is on {variable.device}")
-    if variable.num_shards != 1:
-        raise NotImplementedError(f"apply_gradients on {variable.device} takes a variable "
-                                  f"of one shard so far, got num_shards={variable.num_shards}")
     a, dim = variable._arrays, variable.dim
     dtype = _checks.compute_dtype(variable.value_dtype)
     keys, flat = variable._keys(ids, insert=True)
@@ -72,6 +72,7 @@ def apply_on_device(variable, optimizer, ids, grads, step, lr, assume_unique, de
             order, starts = k.group_keys(flat, sc)
             uniq = k.group_heads(flat, order, starts,
                                  a.empty(starts.shape[0] - 1, np.int64))
+    owner = _owners(variable, uniq)      # (a bad partitioner raises before any change)
     variable._check_room(uniq)
     name, slots, hyper, flag = optimizer._rule(lr, step, dtype)
     with variable._lock.write():
@@ -86,18 +87,44 @@ def apply_on_device(variable, optimizer, ids, grads, step, lr, assume_unique, de
         ok = admitted(variable, ranked, ranked)     # ids an admission filter holds back
         _add_slot_columns(variable, optimizer)
         variable._last_step = step
-        with shard.on():
-            # new rows: initial values, slots too; rows -1 for the ids not admitted (by
-            # the filter, or a bounded table), whose gradients the update kernel drops
-            kw = variable._bound_kw(None, uniq.shape)
-            if ok is None and sel is None:
-                rows, _ = shard.find_or_insert(uniq, **kw)
-            else:
-                keep = np.arange(uniq.shape[0]) if sel is None else sel
-                pos = a.positions(keep if ok is None else keep[ok])
-                rows = k.filled(uniq.shape[0], -1, np.int64)
-                a.put(rows, pos, shard.find_or_insert(a.take(uniq, pos), **kw)[0])
-            cols = [shard.values] + [shard.columns[optimizer.column(s)].data if s else
-                                     shard.values for s in slots]
-            k.update_rows(name, cols, rows, g, order, starts, hyper, flag, sc)
-            mark_updated(shard, rows, step)          # (steps_to_live tables)
+        kw = variable._bound_kw(None, uniq.shape)
+        keep = None if ok is None and sel is None else \
+            (np.arange(uniq.shape[0]) if sel is None else sel)[slice(None) if ok is None else ok]
+        for part, pos in _by_shard(variable, owner, keep, uniq.shape[0]):
+            with part.on():
+                # new rows: initial values, slots too; rows -1 for the ids not admitted (by
+                # the filter, or a bounded table) or of another shard, whose gradients the
+                # update kernel drops
+                if pos is None:
+                    rows, _ = part.find_or_insert(uniq, **kw)
+                else:
+                    rows = k.filled(uniq.shape[0], -1, np.int64)
+                    if pos.shape[0]:
+                        at = a.positions(pos)
+                        a.put(rows, at, part.find_or_insert(a.take(uniq, at), **kw)[0])
+                cols = [part.values] + [part.columns[optimizer.column(s)].data if s else
+                                        part.values for s in slots]
+                k.update_rows(name, cols, rows, g, order, starts, hyper, flag, sc)
+                mark_updated(part, rows, step)          # (steps_to_live tables)
+
+
+def _owners(variable, uniq):
+    """Each distinct id's shard (host int64), None for a table of one shard."""
+    if variable.num_shards == 1:
+        return None
+    owner = np.empty(uniq.shape[0], np.int64)
+    for s, pos in enumerate(split(variable._arrays.host(uniq), variable.num_shards,
+                                  variable.partitioner or default_partitioner)):
+        owner[pos] = s
+    return owner
+
+
+def _by_shard(variable, owner, keep, u):
+    """``[(shard, positions of the u distinct ids it inserts, in order)]``: ``keep``
+    (host, the positions that may insert, in insert order; None: all, in order) split
+    by ``owner`` (:func:`_owners`); positions None: every one, one shard."""
+    if owner is None:
+        return [(variable.shards[0], keep)]
+    keep = np.arange(u) if keep is None else keep
+    return [(shard, keep[owner[keep] == s]) for s, shard in enumerate(variable.shards)
+            if np.any(owner[keep] == s)]

@@ -46,18 +46,19 @@ def state(v, rule, keys):
                                       for s, _ in rule.slots()]
 
 
-@pytest.mark.parametrize("mode", ["repeats", "assume_unique", "inverse"])
+@pytest.mark.parametrize("mode", ["repeats", "assume_unique", "inverse", "3 shards"])
 @pytest.mark.parametrize("name", sorted(RULES))
 def test_device_steps_match_the_cpu(name, mode):
     rule = RULES[name]
-    cpu, gpu = (ne.Variable(DIM, initializer=I.RandomNormal(0.0, 1.0), seed=3, device=d)
-                for d in ("cpu", "cuda"))
+    shards = 3 if mode == "3 shards" else 1
+    cpu, gpu = (ne.Variable(DIM, initializer=I.RandomNormal(0.0, 1.0), seed=3, device=d,
+                            num_shards=shards) for d in ("cpu", "cuda"))
     rng = np.random.default_rng(7)
     seen = []
     for step in range(1, 4):
         ids, grads = batch(rng, step)
         seen.append(ids)
-        if mode == "repeats":
+        if mode in ("repeats", "3 shards"):
             for v in (cpu, gpu):
                 apply_gradients(v, rule, ids, grads, step=step)
         else:
@@ -72,6 +73,7 @@ def test_device_steps_match_the_cpu(name, mode):
                     apply_gradients(v, rule, uniq, sums, step=step, assume_unique=True)
     keys = np.unique(np.concatenate(seen))
     assert cpu.size() == gpu.size() == keys.shape[0]
+    assert [cpu.size(s) for s in range(shards)] == [gpu.size(s) for s in range(shards)]
     for a, b in zip(state(cpu, rule, keys), state(gpu, rule, keys)):
         assert_same_floats(b, a)
 
@@ -116,3 +118,30 @@ def test_device_step_takes_device_arrays_and_applies_nothing_on_bad_input():
     apply_gradients(v, SGD(1.0), ids, grads, step=1)            # repeats summed: 2 and 1
     np.testing.assert_array_equal(host(v.lookup(np.array([4, 9]))) - host(
         ne.Variable(DIM, device="cuda").lookup(np.array([4, 9]))), [[-2.0] * DIM, [-1.0] * DIM])
+
+
+def test_device_steps_on_sharded_filtered_tables_and_a_bad_partitioner():
+    """Two shards with a counter filter and a custom partitioner: the CPU's tables after
+    Adam steps; a partitioner answer out of range raises before anything changes (no
+    filter count, no row, no step recorded)."""
+    rule = Adam(0.05)
+    part = lambda keys, n: (keys.view(np.uint64) >> np.uint64(3)) % np.uint64(n)  # noqa: E731
+    cpu, gpu = (ne.Variable(DIM, num_shards=2, partitioner=part, seed=4, device=d,
+                            admit=ne.admission.CounterFilter(min_count=2))
+                for d in ("cpu", "cuda"))
+    rng = np.random.default_rng(9)
+    for step in range(1, 4):
+        ids, grads = batch(rng, step)
+        for v in (cpu, gpu):
+            apply_gradients(v, rule, ids, grads, step=step)
+    keys = np.unique(cpu.export()[0])
+    assert 0 < gpu.size() == keys.shape[0] and gpu.size(0) == cpu.size(0)
+    for a, b in zip(state(cpu, rule, keys), state(gpu, rule, keys)):
+        assert_same_floats(b, a)
+    gpu.partitioner = lambda keys, n: np.full(keys.shape, n, np.int64)
+    counted = gpu.admit.counts.size()
+    with pytest.raises(ValueError, match="partitioner"):
+        apply_gradients(gpu, rule, np.array([10**6, 10**6 + 1]), np.ones((2, DIM), np.float32),
+                        step=4)
+    assert gpu.admit.counts.size() == counted and gpu.size() == keys.shape[0]
+    assert gpu._last_step == 3
