@@ -9,8 +9,9 @@ key's first occurrence (all :func:`jit_kernels.exchange.first_flags` needs).  Ho
 1. ``ids``: each position's distinct key number (the batch-local hash index of
    :func:`jit_kernels.cuda_table.number_keys`, numbers in no particular order);
 2. ``firstpos[id]``: its first position (``atomic.min``);
-3. each first occurrence's owner (SOK's rule, :func:`jit_kernels.exchange.owner_of`),
-   repeats in an extra group ``R``; a stable counting sort of the positions by that
+3. each first occurrence's owner (SOK's rule, :func:`jit_kernels.exchange.owner_of`,
+   or a custom partitioner's answer computed on the host), repeats in an extra group
+   ``R``; a stable counting sort of the positions by that
    (:func:`jit_kernels.cuda_table.group_positions`) lists the first occurrences by
    owner in batch order;
 4. ``send_keys[j]``, each id's place ``j``, and ``slot[i]`` = the place of position
@@ -52,11 +53,12 @@ def add_kernels(kernels, cuda_module, body, group_sum):
 
     # ids empty: every position is its own key (a plan of every position)
     @kernel
-    def owners(keys, ids, firstpos, n_ranks, mask, group):
-        """group[i] = the owner of a first occurrence, ``n_ranks`` for a repeat."""
+    def owners(keys, ids, firstpos, n_ranks, mask, given, group):
+        """group[i] = the owner of a first occurrence (``given[i]`` if ``given`` is
+        not empty: a custom partitioner's), ``n_ranks`` for a repeat."""
         for i in range(cuda.grid(1), keys.shape[0], cuda.gridsize(1)):
             if ids.shape[0] == 0 or firstpos[ids[i]] == i:
-                group[i] = owner(keys[i], n_ranks, mask)
+                group[i] = given[i] if given.shape[0] else owner(keys[i], n_ranks, mask)
             else:
                 group[i] = n_ranks
 
@@ -91,12 +93,13 @@ def add_kernels(kernels, cuda_module, body, group_sum):
             out[i] = True if only_first and not first[i] else back[slot[i]]
 
 
-def plan(keys, n_ranks, bits=64, unique=True):
+def plan(keys, n_ranks, bits=64, unique=True, owners=None):
     """Plan the exchange of the flat int64 device ``keys`` (n,) among ``n_ranks`` ranks
-    by SOK's rule on ``bits``-bit keys: ``(send_keys (u,) int64, counts (R,) numpy
-    int64, slot (n,) int64, first (n,) bool)``, device arrays but ``counts``.
-    ``unique=False``: every position is sent (``u == n``, grouped by owner in batch
-    order), and ``first`` is all True."""
+    by SOK's rule on ``bits``-bit keys, or by ``owners`` (n,) int64 device array, each
+    position's rank in ``[0, n_ranks)`` (a custom partitioner's answer, checked by the
+    caller): ``(send_keys (u,) int64, counts (R,) numpy int64, slot (n,) int64, first
+    (n,) bool)``, device arrays but ``counts``.  ``unique=False``: every position is
+    sent (``u == n``, grouped by owner in batch order), and ``first`` is all True."""
     K = ct._kernels()
     n = keys.shape[0]
     scratch = ct.Scratch()         # the plan outlives the call: nothing shared
@@ -113,7 +116,8 @@ def plan(keys, n_ranks, bits=64, unique=True):
         ids = firstpos = cuda.device_array(0, np.int64)
         u = n
     group = cuda.device_array(n, np.int64)
-    ct._go(K.exchange_owners, n, keys, ids, firstpos, np.int64(n_ranks), mask, group)
+    given = cuda.device_array(0, np.int64) if owners is None else owners
+    ct._go(K.exchange_owners, n, keys, ids, firstpos, np.int64(n_ranks), mask, given, group)
     order, starts = ct.group_positions(group, n_ranks + 1, scratch)
     counts = np.diff(starts.copy_to_host()[:n_ranks + 1])
     send_keys = cuda.device_array(u, np.int64)

@@ -28,7 +28,7 @@ import numba
 import numpy as np
 
 from jit_kernels.cpu_table import assign_rows
-from jit_kernels.exchange import first_flags, plan
+from jit_kernels.exchange import check_owners, first_flags, plan
 from jit_kernels.segment import gather_rows, segment_sum
 
 from ._memory import aligned_empty
@@ -101,9 +101,9 @@ class DeviceExchange(HostExchange):
 
     on_device = True
 
-    def __init__(self, comm, world_size, key_dtype, arrays):
+    def __init__(self, comm, world_size, key_dtype, arrays, partitioner=None):
         from jit_kernels import cuda_exchange, cuda_table
-        super().__init__(comm, world_size, None, key_dtype)
+        super().__init__(comm, world_size, partitioner, key_dtype)
         self.arrays, self.cx, self.ct = arrays, cuda_exchange, cuda_table
         self._transport = None
 
@@ -112,9 +112,14 @@ class DeviceExchange(HostExchange):
         return "not chosen yet" if self._transport is None else self._transport.name
 
     def plan(self, flat, unique=True):
+        owners = None
+        if self.partitioner is not None:    # a Python function of host keys: asked there
+            keys = self.arrays.host(flat).astype(self.key_dtype, copy=False)
+            owners = self.arrays.from_host(check_owners(
+                self.partitioner(keys, self.world_size), keys.shape, self.world_size))
         with self.arrays.on():
             send, counts, slot, first = self.cx.plan(flat, self.world_size,
-                                                8 * self.key_dtype.itemsize, unique)
+                                                8 * self.key_dtype.itemsize, unique, owners)
             if self.key_dtype != send.dtype:           # int32 tables: their own keys
                 keys = self.arrays.empty(send.shape[0], self.key_dtype)
                 self.ct.cast(send, keys)

@@ -70,9 +70,9 @@ class DistributedVariable(Variable):
     constructor is collective: the ranks check that they agree on dim, dtypes,
     name, seed, initializer and partitioner).  Arguments as for ``Variable``;
     ``init_size`` counts keys of the whole table; ``num_shards`` are local shards
-    on each rank.  GPU tables (``device="cuda:N"``, a GPU a rank, the default
-    partitioner) plan their exchanges on the GPU and move device arrays by NCCL
-    (see :mod:`numbaemb._exchange`).
+    on each rank.  GPU tables (``device="cuda:N"``, a GPU a rank) plan their
+    exchanges on the GPU (a custom partitioner is asked on the host) and move device
+    arrays by NCCL (see :mod:`numbaemb._exchange`).
 
     Limits (as ``Variable``'s; set them alike on every rank): ``key_range`` is
     checked while planning, so a bad key on one rank raises on every rank;
@@ -126,11 +126,9 @@ class DistributedVariable(Variable):
         self.partitioner = partitioner
         if self.local._arrays.device_id is None:
             self._x = HostExchange(self._comm, world, partitioner, self.key_dtype)
-        elif partitioner is not None:
-            raise NotImplementedError("a split GPU table takes the default partitioner (the "
-                                      "unsigned key mod world size): its plan runs on the GPU")
         else:
-            self._x = DeviceExchange(self._comm, world, self.key_dtype, self.local._arrays)
+            self._x = DeviceExchange(self._comm, world, self.key_dtype, self.local._arrays,
+                                     partitioner)
 
     def _identity(self):
         """What every rank must agree on."""

@@ -94,10 +94,40 @@ def from_cuda_keys(keys):
     return cuda.to_device(keys)
 
 
-def test_custom_partitioners_and_mixed_devices_refused_on_every_rank():
+def skewed(keys, n):
+    """A custom partitioner (a Python function of host keys): most keys to rank 0."""
+    return np.where(keys % 4 == 1, keys.view(np.uint64) % np.uint64(n), 0).astype(np.int64)
+
+
+def test_custom_partitioner_splits_as_the_cpu_table_does():
+    """A custom partitioner on a split GPU table (asked on the host, the plan on the
+    GPU): each rank's table is the split CPU table's with the same partitioner, after
+    inserts, an optimizer step and accum; a bad answer on one rank raises on every rank
+    and applies nothing."""
+    kw = dict(partitioner=skewed, initializer=INIT)
+    gpu = ne.Variable(2, comm=COMM, device=device(RANK), name="skewed", **kw)
+    cpu = ne.Variable(2, comm=COMM, name="skewed_cpu", **kw)
+    keys = np.array([np.iinfo(np.int64).min, -1, 0, 5, 5, 9, 13, 4 * RANK + 1], np.int64)
+    for v in (gpu, cpu):
+        v.find_or_insert(keys)
+        ne.optimizers.apply_gradients(v, ne.optimizers.SGD(1.0), keys,
+                                      np.ones((8, 2), np.float32), step=1)
+        v.accum(keys[:3], np.zeros((3, 2), np.float32), np.ones((3, 2), np.float32),
+                np.ones(3, np.bool_))
+    (kg, vg), (kc, vc) = (tuple(host(a) for a in v.export()) for v in (gpu, cpu))
+    og, oc = np.argsort(kg), np.argsort(kc)
+    assert np.array_equal(kg[og], kc[oc]) and np.array_equal(vg[og], vc[oc])
+    assert np.array_equal(skewed(kg, WORLD), np.full(kg.shape, RANK))
+    size = gpu.size()
+    gpu.partitioner = gpu._x.partitioner = (lambda k, n: np.full(k.shape, n)) if RANK == 1 \
+        else skewed
+    with pytest.raises(ValueError, match="rank 1 of"):
+        gpu.find_or_insert(np.array([1000, 1001], np.int64))
+    assert gpu.size() == size
+
+
+def test_mixed_devices_refused_on_every_rank():
     v = ne.Variable(2, comm=COMM, device=device(RANK), name="refusals")
-    with pytest.raises(Exception, match="default partitioner"):
-        ne.Variable(2, comm=COMM, device=device(RANK), partitioner=lambda k, n: k % n)
     with pytest.raises(ValueError, match="gpu"):          # one rank's table on the CPU
         ne.Variable(2, comm=COMM, device=device(RANK) if RANK else "cpu", name="mixed")
     assert v.size() == 0

@@ -71,6 +71,26 @@ def test_every_position_plan_equals_the_cpu_plan(cuda, keys, n_ranks):
     assert first.copy_to_host().all()
 
 
+def skewed(keys, n):
+    """A custom partitioner: most keys to the last rank."""
+    return np.where(keys % 3 == 0, (keys // 3) % n, n - 1)
+
+
+@settings(max_examples=8)
+@given(keys=st.lists(st.sampled_from(EXTREMES) | st.integers(-40, 40), max_size=50),
+       n_ranks=st.integers(1, 8), unique=st.booleans())
+def test_plan_with_given_owners_equals_the_cpu_plan_with_a_partitioner(cuda, keys, n_ranks,
+                                                                       unique):
+    keys = np.array(keys, np.int64)
+    want = plan(keys, n_ranks, skewed, unique=unique)
+    owners = cuda.to_device(skewed(keys, n_ranks).astype(np.int64))
+    send, counts, slot, _ = cx.plan(cuda.to_device(keys), n_ranks, unique=unique,
+                                    owners=owners)
+    assert send.copy_to_host().tolist() == want.send_keys.tolist()
+    assert counts.tolist() == want.counts.tolist()
+    assert slot.copy_to_host().tolist() == want.slot.tolist()
+
+
 def test_int32_keys_take_the_owner_of_their_32_bits(cuda):
     keys = np.array([-1, int(I32.min), int(I32.max), 0, -7, -1], np.int64)   # sign-extended
     check(cuda, keys, 3, bits=32)
