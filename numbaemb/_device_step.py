@@ -14,8 +14,10 @@ The steps of :func:`numbaemb.optimizers.apply_gradients`, on the device:
 
 A table of several shards (all on the variable's GPU) groups the batch once, then
 inserts each shard's distinct ids into it and runs the update kernel on that
-shard's columns (the other shards' ids dropped there).  Not on the device yet
-(NotImplementedError): ``delta`` (bp_v2).  ``initial_rows`` is not used: new rows are drawn again on
+shard's columns (the other shards' ids dropped there).  ``delta`` (bp_v2,
+:func:`_delta_step`) runs the CPU's algorithm with the same kernel on copies (its
+slot reads and writes pass through host memory); not for 16-bit tables yet
+(NotImplementedError).  ``initial_rows`` is not used: new rows are drawn again on
 the device (the same values: initial values are a function of (seed, key)).
 """
 import threading
@@ -47,9 +49,10 @@ def apply_on_device(variable, optimizer, ids, grads, step, lr, assume_unique, de
     from .admission import admitted
     from .expiry import mark_updated
     from .optimizers import _add_slot_columns
-    if delta:
-        raise NotImplementedError("apply_gradients(delta=True) (bp_v2) runs on CPU variables "
-                                  f"only so far; variable is on {variable.device}")
+    if delta and variable._store != variable.value_dtype:
+        raise NotImplementedError("apply_gradients(delta=True) (bp_v2) on a GPU table of "
+                                  f"{np.dtype(variable.value_dtype).name} values is not "
+                                  "supported yet; float32 / float64 tables take it")
     a, dim = variable._arrays, variable.dim
     dtype = _checks.compute_dtype(variable.value_dtype)
     keys, flat = variable._keys(ids, insert=True)
@@ -74,6 +77,9 @@ def apply_on_device(variable, optimizer, ids, grads, step, lr, assume_unique, de
                                  a.empty(starts.shape[0] - 1, np.int64))
     owner = _owners(variable, uniq)      # (a bad partitioner raises before any change)
     variable._check_room(uniq)
+    if delta:
+        _delta_step(variable, optimizer, uniq, g, order, starts, lr, step, dtype, sc)
+        return
     name, slots, hyper, flag = optimizer._rule(lr, step, dtype)
     with variable._lock.write():
         # group_keys' groups come in thread order; the CPU inserts (and a filter counts)
@@ -128,3 +134,55 @@ def _by_shard(variable, owner, keep, u):
     keep = np.arange(u) if keep is None else keep
     return [(shard, keep[owner[keep] == s]) for s, shard in enumerate(variable.shards)
             if np.any(owner[keep] == s)]
+
+
+def _delta_step(variable, optimizer, uniq, g, order, starts, lr, step, dtype, sc):
+    """``apply_gradients(delta=True)`` (TFRA's bp_v2) on a GPU table, as the CPU's
+    ``_apply_delta``: the distinct ids' rows and slots as the step starts (absent:
+    initial values), the update kernel on copies of them, the change ``new - old``
+    added by ``variable.accum`` (absent ids inserted with ``new``), then the slots set
+    for every id present after it."""
+    from jit_kernels import cuda_table as k
+
+    from .expiry import mark_updated
+    from .optimizers import _add_slot_columns
+    a, u, dim = variable._arrays, uniq.shape[0], variable.dim
+    name, rule_slots, hyper, flag = optimizer._rule(lr, step, dtype)
+    slots = optimizer.slots()
+    with variable._lock.write():
+        _add_slot_columns(variable, optimizer)
+    old, exists = a.empty((u, dim), variable._store), a.empty(u, np.bool_)
+    copies = {s: np.empty((u, dim), dtype) for s, _ in slots}
+    with variable._lock.read():             # the rows as the step starts
+        for shard, pos, keys in variable._parts(uniq, uniq):
+            o, e = (old, exists) if pos is None else (a.empty((keys.shape[0], dim),
+                                                              variable._store),
+                                                      a.empty(keys.shape[0], np.bool_))
+            shard.lookup(keys, o, e)
+            if pos is not None:
+                a.put(old, pos, o)
+                a.put(exists, pos, e)
+            at = slice(None) if pos is None else a.host(pos)
+            for s, init in slots:           # absent (or new to the table): initial slots
+                found, data = shard.read_rows(optimizer.column(s), keys)
+                part = np.full((keys.shape[0], dim), init, dtype)
+                part[found] = data
+                copies[s][at] = part
+    copies = {s: a.from_host(c) for s, c in copies.items()}
+    new = a.from_host(a.host(old))
+    with variable.shards[0].on():
+        k.update_rows(name, [new] + [copies[s] if s else new for s in rule_slots],
+                      a.from_host(np.arange(u, dtype=np.int64)), g, order, starts, hyper,
+                      flag, sc)
+    variable.accum(uniq, old, new, exists)
+    with variable._lock.write():            # slots are set (last writer wins), as TFRA's
+        for shard, pos, keys in variable._parts(uniq, uniq):
+            with shard.on():
+                rows = a.host(shard.find_rows(keys))
+                hit = np.flatnonzero(rows >= 0)
+                at = hit if pos is None else a.host(pos)[hit]
+                found = a.from_host(rows[hit])
+                mark_updated(shard, found, step)
+                for s, _ in slots:
+                    k.assign_rows(shard.columns[optimizer.column(s)].data, found,
+                                  a.take(copies[s], a.positions(at)), scratch=_scratch(shard))

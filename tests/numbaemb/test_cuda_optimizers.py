@@ -46,11 +46,12 @@ def state(v, rule, keys):
                                       for s, _ in rule.slots()]
 
 
-@pytest.mark.parametrize("mode", ["repeats", "assume_unique", "inverse", "3 shards"])
+@pytest.mark.parametrize("mode", ["repeats", "assume_unique", "inverse", "3 shards", "delta",
+                                  "delta, 2 shards"])
 @pytest.mark.parametrize("name", sorted(RULES))
 def test_device_steps_match_the_cpu(name, mode):
     rule = RULES[name]
-    shards = 3 if mode == "3 shards" else 1
+    shards = {"3 shards": 3, "delta, 2 shards": 2}.get(mode, 1)
     cpu, gpu = (ne.Variable(DIM, initializer=I.RandomNormal(0.0, 1.0), seed=3, device=d,
                             num_shards=shards) for d in ("cpu", "cuda"))
     rng = np.random.default_rng(7)
@@ -58,9 +59,9 @@ def test_device_steps_match_the_cpu(name, mode):
     for step in range(1, 4):
         ids, grads = batch(rng, step)
         seen.append(ids)
-        if mode in ("repeats", "3 shards"):
-            for v in (cpu, gpu):
-                apply_gradients(v, rule, ids, grads, step=step)
+        if mode in ("repeats", "3 shards") or mode.startswith("delta"):
+            for v in (cpu, gpu):        # (delta: bp_v2, the change added through accum)
+                apply_gradients(v, rule, ids, grads, step=step, delta=mode.startswith("delta"))
         else:
             uniq, inverse = unique_inverse(ids)
             if mode == "inverse":
@@ -145,3 +146,11 @@ def test_device_steps_on_sharded_filtered_tables_and_a_bad_partitioner():
                         step=4)
     assert gpu.admit.counts.size() == counted and gpu.size() == keys.shape[0]
     assert gpu._last_step == 3
+
+
+def test_delta_steps_refuse_16_bit_gpu_tables():
+    v = ne.Variable(DIM, value_dtype="float16", device="cuda")
+    with pytest.raises(NotImplementedError, match="delta"):
+        apply_gradients(v, Adam(), np.array([1, 2]), np.ones((2, DIM), np.float32), step=1,
+                        delta=True)
+    assert v.size() == 0
