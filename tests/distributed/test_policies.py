@@ -40,7 +40,7 @@ def test_scores_are_one_process_fed_the_ranks_ids(kind, once):
         q.update(np.concatenate([a[:-1] for a in COMM.allgather(ids)]), once=once)
     want = {k: s for k, s in scores_of(ref, p.column).items() if owned(np.array([k]))[0]}
     agree(scores_of(v, p.column) == want, f"{scores_of(v, p.column)} != {want}")
-    agree(getattr(p, "clock", 0) == getattr(q, "clock", 0))
+    assert all(COMM.allgather(getattr(p, "clock", 0) == getattr(q, "clock", 0)))
 
 
 def test_restriction_keeps_each_ranks_share_of_its_best_keys():
@@ -62,7 +62,7 @@ def test_restriction_keeps_each_ranks_share_of_its_best_keys():
     dropped = set(before) - set(after)
     agree(min(after.values()) >= max(before[k] for k in dropped), (after, dropped))
     gone = v.local.lookup(np.array(sorted(dropped), np.int64), return_exists=True)[1]
-    agree(len(dropped) > 0 and not gone.any())
+    assert all(COMM.allgather(len(dropped) > 0 and not gone.any()))
 
 
 @pytest.mark.parametrize("policy", ["TimestampRestrictPolicy", "FrequencyRestrictPolicy"])
@@ -103,7 +103,8 @@ def test_tf_training_scores_as_one_process_on_the_global_batch(policy):
     agree(scores_of(v.table, column) == want, f"{scores_of(v.table, column)} != {want}")
     size = v.size().numpy()
     removed = [int(v.restrict(6).numpy())]
-    agree(COMM.allgather(removed) == [[size - 6]] * WORLD and int(v.size().numpy()) == 6)
+    gathered = COMM.allgather(removed)                 # the same on every rank
+    assert gathered == [[size - 6]] * WORLD and int(v.size().numpy()) == 6, gathered
 
 
 def test_checkpoint_keeps_the_policy_on_the_restored_table(tmp_path_factory):
@@ -143,7 +144,7 @@ def test_checkpoint_keeps_the_policy_on_the_restored_table(tmp_path_factory):
     w.restrict(5 * WORLD)
     every = sorted(k for ks in COMM.allgather(w.table.export()[0].tolist()) for k in ks)
     want = list(range(1000 * WORLD, 1005 * WORLD))
-    agree(every == want, f"{every} != {want}")
+    assert every == want, f"{every} != {want}"          # (gathered: every rank alike)
 
 
 def test_keras_file_keeps_the_policy_clock(tmp_path_factory):
@@ -179,4 +180,4 @@ def test_keras_file_keeps_the_policy_clock(tmp_path_factory):
     fit(loaded, new)
     var.restrict(2 * WORLD)
     every = sorted(k for ks in COMM.allgather(var.table.export()[0].tolist()) for k in ks)
-    agree(every == list(range(1000 * WORLD, 1002 * WORLD)), every)
+    assert every == list(range(1000 * WORLD, 1002 * WORLD)), every   # (every rank alike)
