@@ -132,8 +132,8 @@ def _by_shard(variable, owner, keep, u):
     if owner is None:
         return [(variable.shards[0], keep)]
     keep = np.arange(u) if keep is None else keep
-    return [(shard, keep[owner[keep] == s]) for s, shard in enumerate(variable.shards)
-            if np.any(owner[keep] == s)]
+    parts = [keep[owner[keep] == s] for s in range(variable.num_shards)]
+    return [(shard, pos) for shard, pos in zip(variable.shards, parts) if pos.shape[0]]
 
 
 def _delta_step(variable, optimizer, uniq, g, order, starts, lr, step, dtype, sc):
