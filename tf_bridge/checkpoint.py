@@ -326,7 +326,7 @@ def restore_table_state(variable, state):
     is rejected.
 
     Args:
-      variable: a ``tf_bridge.Variable`` or ``numbaemb.Variable`` (host memory).
+      variable: a ``tf_bridge.Variable`` or ``numbaemb.Variable`` (host or GPU memory).
       state: the dict of :func:`table_state`; arrays may be numpy or eager tensors.
     Raises:
       ValueError: the state is corrupt, or its dim / value dtype / keys do not fit.
@@ -338,9 +338,6 @@ def restore_table_state(variable, state):
     (8, [3, 3, 2])
     """
     table = _table(variable)
-    if table.device != "cpu":
-        raise NotImplementedError("restoring a table that lives on a GPU is not supported "
-                                  "yet; restore into a CPU table")
     state = {k: (v.numpy() if isinstance(v, (tf.Tensor, tf.Variable)) else v)
              for k, v in state.items()} if isinstance(state, dict) else state
     keys, values, cols, names = _parse(table, state)
@@ -365,12 +362,14 @@ def restore_table_state(variable, state):
         if names is not None:
             table.names = names
         typed = keys.astype(table._id_dtype)
-        for shard, pos, k in table._parts(typed, keys):
+        a = table._arrays
+        stored = values.view(table._store)         # 16-bit floats: their bits
+        for shard, pos, k in table._parts(typed, a.from_host(keys)):
             rows, _ = shard.find_or_insert(k)      # every column gets its initial value
-            stored = values.view(table._store)     # 16-bit floats: their bits
-            shard.columns["values"].data[rows] = stored if pos is None else stored[pos]
+            at = slice(None) if pos is None else a.host(pos)
+            _write_rows(shard, "values", rows, stored[at])
             for name, _, _, _, data in cols:
-                shard.columns[name].data[rows] = data if pos is None else data[pos]
+                _write_rows(shard, name, rows, data[at])
     forget = getattr(variable, "_forget_all", None)
     if forget is not None:                      # callable initializers' pending draws
         forget()
@@ -456,6 +455,19 @@ def restore_from_tensors(variable, tensors):
 
     return tf.numpy_function(run, [tensors[k] for k in STATE_NAMES], tf.bool, stateful=True,
                              name="restore_table_state")
+
+
+def _write_rows(shard, column, rows, data):
+    """``shard.columns[column].data[rows] = data`` (numpy ``data``; a GPU shard's rows
+    and columns are on its device)."""
+    col = shard.columns[column].data
+    if isinstance(col, np.ndarray):
+        col[rows] = data
+        return
+    from jit_kernels import cuda_table
+    with shard.on():
+        cuda_table.assign_rows(col, rows, cuda_table.cuda_api().to_device(
+            np.ascontiguousarray(data)))
 
 
 def _restored_clock(variable, cols):

@@ -274,3 +274,65 @@ def test_async_checkpoint_writes_the_table_as_it_was_at_save(tmp_path):
         w = var(dim=2)
         tf.train.Checkpoint(emb=w).restore(path).assert_consumed()
         assert sorted(w.export()[0].numpy().tolist()) == want
+
+
+GPU_RESTORE = r"""
+import numpy as np
+import numbaemb as ne
+from numbaemb.optimizers import Adam, apply_gradients, slot_values
+from tf_bridge.checkpoint import restore_table_state, table_state
+
+def host(a):
+    return a if isinstance(a, np.ndarray) else a.copy_to_host()
+
+def same(a, b, rule):
+    ka, kb = (np.sort(host(t.export()[0])) for t in (a, b))
+    assert np.array_equal(ka, kb) and ka.size, (ka, kb)
+    assert np.array_equal(host(a.lookup(ka)), host(b.lookup(ka)))
+    for s, _ in rule.slots():
+        assert np.array_equal(slot_values(a, rule, s, ka), slot_values(b, rule, s, ka)), s
+
+rule, rng = Adam(0.1), np.random.default_rng(3)
+keys = np.array([np.iinfo(np.int64).min, np.iinfo(np.int64).max, -1, 0] + list(range(20)))
+src = ne.Variable(3, device="cuda", num_shards=2, seed=5)
+for step in (1, 2):
+    apply_gradients(src, rule, keys, rng.standard_normal((keys.size, 3)).astype(np.float32),
+                    step=step)
+state = table_state(src)
+for target in (ne.Variable(3, device="cuda", seed=5), ne.Variable(3, num_shards=3, seed=5)):
+    target.upsert(np.array([777]), np.ones((1, 3), np.float32))      # replaced by the state
+    restore_table_state(target, state)
+    same(target, src, rule)
+back = ne.Variable(3, device="cuda", num_shards=2, seed=5)            # CPU state -> GPU
+restore_table_state(back, table_state(target))
+same(back, src, rule)
+# a bounded GPU table: scores and clock restored, so later inserts evict as the CPU's do
+b_src = ne.Variable(2, max_capacity=16, evict_window=4, seed=1)
+b_src.find_or_insert(np.arange(30))
+b_src.find_or_insert(np.arange(5))
+twins = [ne.Variable(2, max_capacity=16, evict_window=4, seed=1, device=d) for d in ("cpu", "cuda")]
+for t in twins:
+    restore_table_state(t, table_state(b_src))
+    t.find_or_insert(np.arange(100, 106))
+(ck, cs), (gk, gs) = ((host(a) for a in t.export("score")) for t in twins)
+co, go = np.argsort(ck), np.argsort(gk)
+assert np.array_equal(ck[co], gk[go]) and np.array_equal(cs[co], gs[go])
+assert len(set(range(100, 106)) & set(gk.tolist())) >= 5      # the new ids outrank the old
+print("restored into GPU tables")
+"""
+
+
+def test_table_state_restores_into_gpu_tables():
+    """restore_table_state into GPU tables (the CUDA simulator, in a subprocess: this env
+    has TensorFlow, the simulator env has not): GPU -> GPU and CPU -> GPU with Adam
+    slots across shard counts, and a bounded table's scores and clock."""
+    import os
+    import subprocess
+    import sys
+    pytest.importorskip("numba.cuda")
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", TF_CPP_MIN_LOG_LEVEL="3")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, "-c", GPU_RESTORE], capture_output=True, text=True,
+                          timeout=600, env=env, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "restored into GPU tables" in proc.stdout
