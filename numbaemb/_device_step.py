@@ -16,8 +16,7 @@ A table of several shards (all on the variable's GPU) groups the batch once, the
 inserts each shard's distinct ids into it and runs the update kernel on that
 shard's columns (the other shards' ids dropped there).  ``delta`` (bp_v2,
 :func:`_delta_step`) runs the CPU's algorithm with the same kernel on copies (its
-slot reads and writes pass through host memory); not for 16-bit tables yet
-(NotImplementedError).  ``initial_rows`` is not used: new rows are drawn again on
+slot reads and writes pass through host memory).  ``initial_rows`` is not used: new rows are drawn again on
 the device (the same values: initial values are a function of (seed, key)).
 """
 import threading
@@ -49,10 +48,6 @@ def apply_on_device(variable, optimizer, ids, grads, step, lr, assume_unique, de
     from .admission import admitted
     from .expiry import mark_updated
     from .optimizers import _add_slot_columns
-    if delta and variable._store != variable.value_dtype:
-        raise NotImplementedError("apply_gradients(delta=True) (bp_v2) on a GPU table of "
-                                  f"{np.dtype(variable.value_dtype).name} values is not "
-                                  "supported yet; float32 / float64 tables take it")
     a, dim = variable._arrays, variable.dim
     dtype = _checks.compute_dtype(variable.value_dtype)
     keys, flat = variable._keys(ids, insert=True)
@@ -169,6 +164,8 @@ def _delta_step(variable, optimizer, uniq, g, order, starts, lr, step, dtype, sc
                 part[found] = data
                 copies[s][at] = part
     copies = {s: a.from_host(c) for s, c in copies.items()}
+    if variable._store != variable.value_dtype:     # 16-bit floats: exact in float32
+        old = a.from_host(variable._shown(a.host(old)).astype(dtype))
     new = a.from_host(a.host(old))
     with variable.shards[0].on():
         k.update_rows(name, [new] + [copies[s] if s else new for s in rule_slots],

@@ -79,8 +79,9 @@ def test_device_steps_match_the_cpu(name, mode):
         assert_same_floats(b, a)
 
 
+@pytest.mark.parametrize("delta", [False, True])
 @pytest.mark.parametrize("value_dtype", ["float16", "bfloat16"])
-def test_device_steps_on_16_bit_tables_match_the_cpu(value_dtype):
+def test_device_steps_on_16_bit_tables_match_the_cpu(value_dtype, delta):
     rule = Adam(0.05)
     cpu, gpu = (ne.Variable(DIM, value_dtype=value_dtype, initializer=I.RandomNormal(0.0, 1.0),
                             seed=3, device=d) for d in ("cpu", "cuda"))
@@ -88,7 +89,7 @@ def test_device_steps_on_16_bit_tables_match_the_cpu(value_dtype):
     for step in range(1, 3):
         ids, grads = batch(rng, step)
         for v in (cpu, gpu):
-            apply_gradients(v, rule, ids, grads, step=step)
+            apply_gradients(v, rule, ids, grads, step=step, delta=delta)
     keys = np.unique(ids)
     (w_cpu, *slots_cpu), (w_gpu, *slots_gpu) = state(cpu, rule, keys), state(gpu, rule, keys)
     w_cpu, w_gpu = np.asarray(w_cpu, np.float32), np.asarray(w_gpu, np.float32)
@@ -146,11 +147,3 @@ def test_device_steps_on_sharded_filtered_tables_and_a_bad_partitioner():
                         step=4)
     assert gpu.admit.counts.size() == counted and gpu.size() == keys.shape[0]
     assert gpu._last_step == 3
-
-
-def test_delta_steps_refuse_16_bit_gpu_tables():
-    v = ne.Variable(DIM, value_dtype="float16", device="cuda")
-    with pytest.raises(NotImplementedError, match="delta"):
-        apply_gradients(v, Adam(), np.array([1, 2]), np.ones((2, DIM), np.float32), step=1,
-                        delta=True)
-    assert v.size() == 0

@@ -134,14 +134,6 @@ def test_bad_partitioner_applies_nothing():
     assert all(list(s.columns) == ["values"] for s in v.shards)
 
 
-def test_device_bp_v2_on_16_bit_tables_is_refused_for_now():
-    v = ne.Variable(2, value_dtype="float16")
-    v.device = "cuda:0"                          # stand-in: no GPU needed to check the guard
-    with pytest.raises(NotImplementedError, match="bp_v2"):
-        apply_gradients(v, SGD(), np.array([1]), np.ones((1, 2)), step=1, delta=True)
-    assert v.size() == 0
-
-
 def test_config_validation_and_slots():
     with pytest.raises(ValueError, match="momentum"):
         SGD(momentum=1.5)
