@@ -24,6 +24,7 @@ from jit_kernels import strings as ks
 from numbaemb import initializers as I
 from numbaemb import optimizers as O
 from numbaemb import string_keys
+from tests.cuda_support import needs_cuda
 
 DIM = 2
 POOL = [b"", b"\x00", b"\x00\x00", b"a", b"a\x00", b"ab", "héllo".encode(), b"x" * 64,
@@ -40,9 +41,15 @@ def as_obj(items):
     return out
 
 
+def host(a):
+    """numpy of a result (a GPU table's are device arrays)."""
+    return a if isinstance(a, np.ndarray) else a.copy_to_host()
+
+
 class StringMachine(RuleBasedStateMachine):
     NUM_SHARDS = 1
     COLLIDE = False
+    DEVICE = "cpu"
 
     def __init__(self):
         super().__init__()
@@ -52,7 +59,7 @@ class StringMachine(RuleBasedStateMachine):
             self._patch.start()
         self.init = I.Constant(0.5) if self.COLLIDE else I.RandomNormal(seed=5)
         self.var = ne.Variable(DIM, key_dtype="string", num_shards=self.NUM_SHARDS,
-                               initializer=self.init)
+                               initializer=self.init, device=self.DEVICE)
         self.ref = ne.Variable(DIM, initializer=self.init)     # initial rows by id
         self.oracle = {}
         self.tmp = tempfile.mkdtemp(prefix="numbaemb_str_")
@@ -90,6 +97,7 @@ class StringMachine(RuleBasedStateMachine):
 
     def check_export(self):
         keys, vals = self.var.export()
+        vals = host(vals)
         assert keys.dtype == object and all(type(k) is bytes for k in keys.tolist())
         got = dict(zip(keys.tolist(), map(tuple, vals.tolist())))
         assert len(got) == len(keys) == len(self.oracle)
@@ -116,7 +124,7 @@ class StringMachine(RuleBasedStateMachine):
         query = keys
         if as_str and all(self._utf8(k) for k in keys.tolist()):
             query = np.array([k.decode() for k in keys.tolist()], object)   # str: UTF-8
-        got, exists = self.var.lookup(query, return_exists=True)
+        got, exists = (host(a) for a in self.var.lookup(query, return_exists=True))
         np.testing.assert_array_equal(exists, want_exists)
         np.testing.assert_array_equal(got, want)
         assert self.var.size() == len(self.oracle)
@@ -133,7 +141,7 @@ class StringMachine(RuleBasedStateMachine):
     def find_or_insert(self, data):
         keys = self.draw_keys(data)
         want, _ = self.expected(keys)
-        np.testing.assert_array_equal(self.var.find_or_insert(keys), want)
+        np.testing.assert_array_equal(host(self.var.find_or_insert(keys)), want)
         for k, row in zip(keys.tolist(), want):
             self.oracle.setdefault(k, row.copy())
 
@@ -204,7 +212,7 @@ class StringMachine(RuleBasedStateMachine):
         path = os.path.join(self.tmp, "t.nbe")
         self.var.save(path)
         loaded = ne.Variable.load(path, num_shards=n)
-        assert isinstance(loaded, string_keys.StringVariable)
+        assert isinstance(loaded, string_keys.StringVariable) and loaded.device == self.var.device
         assert loaded.key_dtype == np.dtype(object)
         self.var = loaded
         self.check_export()
@@ -216,16 +224,20 @@ class StringMachine(RuleBasedStateMachine):
         assert len(self.var.names) >= self.var.size()
 
 
-def make(num_shards, collide):
-    m = type(f"Strings_{num_shards}_{'collide' if collide else 'real'}", (StringMachine,),
-             dict(NUM_SHARDS=num_shards, COLLIDE=collide))
+def make(num_shards, collide, device="cpu"):
+    m = type(f"Strings_{num_shards}_{'collide' if collide else 'real'}_{device}",
+             (StringMachine,), dict(NUM_SHARDS=num_shards, COLLIDE=collide, DEVICE=device))
     case = m.TestCase
     case.settings = settings(stateful_step_count=20)
+    if device != "cpu":     # the simulator runs a Python thread a CUDA thread: fewer, shorter
+        case.settings = settings(max_examples=4, stateful_step_count=10)
+        case.pytestmark = [pytest.mark.cuda, needs_cuda]
     return case
 
 
 TestStringsReal = make(1, False)
 TestStringsColliding = make(3, True)
+TestStringsOnGpu = make(2, True, "cuda")      # string keys on a GPU table: ids on the device
 
 
 # ---- fixed cases -------------------------------------------------------------------------
