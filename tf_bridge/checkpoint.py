@@ -317,7 +317,7 @@ def _restored_filter(table, meta):
                          f"{e}") from None
 
 
-def restore_table_state(variable, state):
+def restore_table_state(variable, state, _owned=None):
     """Replace the content of ``variable`` with ``state`` (from :func:`table_state`).
 
     Keys are routed through ``variable``'s own shards and partitioner (a state
@@ -340,7 +340,14 @@ def restore_table_state(variable, state):
     table = _table(variable)
     state = {k: (v.numpy() if isinstance(v, (tf.Tensor, tf.Variable)) else v)
              for k, v in state.items()} if isinstance(state, dict) else state
+    every = None
+    if _owned is not None:      # a split table: this rank's rows go to its local table
+        table = table.local
     keys, values, cols, names = _parse(table, state)
+    if _owned is not None:      # (every rank's columns still set the policy's clock)
+        every, mine = cols, _owned(keys.astype(table.key_dtype))
+        keys, values = keys[mine], values[mine]
+        cols = [(name, width, dt, init, data[mine]) for name, width, dt, init, data in cols]
     meta = _meta(state["columns"])
     admit = _restored_filter(table, meta)
     if getattr(table, "max_capacity", None) is not None and keys.shape[0] > table.max_capacity:
@@ -373,7 +380,7 @@ def restore_table_state(variable, state):
     forget = getattr(variable, "_forget_all", None)
     if forget is not None:                      # callable initializers' pending draws
         forget()
-    _restored_clock(variable, cols)
+    _restored_clock(variable, cols if every is None else every)
     _bounded_restored(table, cols, meta.get("bounded"))
     if admit is not None:
         table.admit = admit
@@ -485,14 +492,7 @@ def _restore_owned(variable, state):
         restore_table_state(variable, state)
         return
     from numbaemb.distributed_checkpoint import _owned
-    table = variable.table
-    full = state
-    mine = _owned(table, np.asarray(state["keys"]).astype(table.key_dtype))
-    meta = dict(_meta(state["columns"]), size=int(np.count_nonzero(mine)))
-    state = dict(state, keys=state["keys"][mine], values=state["values"][mine],
-                 column_bytes=state["column_bytes"][mine], columns=json.dumps(meta))
-    restore_table_state(table.local, state)
-    _restored_clock(variable, _parse(table.local, full)[2])
+    restore_table_state(variable, state, _owned=lambda keys: _owned(variable.table, keys))
 
 
 def saveable(var):
