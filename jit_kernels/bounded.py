@@ -546,14 +546,15 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
     """
     n = keys.shape[0]
     fill = size < limit
-    order, starts = by_range(mask, keys, rows, where, n_ranges)
+    order, starts, rank = by_range(mask, keys, rows, where, n_ranges)
     # the ranges work on copies in range order (contiguous, not scattered, accesses)
     k2, g2, r2, w2 = np.empty_like(keys), np.empty_like(given), np.empty_like(rows), \
         np.empty_like(where)
-    new2, late2 = np.empty(n, np.bool_), np.zeros(n, np.bool_)
+    new2, late2, ev2 = np.empty(n, np.bool_), np.zeros(n, np.bool_), np.empty(n, np.int64)
     for t in prange(n):
         i = order[t]
         k2[t], g2[t], r2[t], w2[t] = keys[i], given[i], rows[i], where[i]
+        ev2[t] = -1
         if fill:
             slot_row_one(r2, w2, scores, mscore, t)
     # evictions: range g's from starts[g] on, the deferred positions' from n on
@@ -572,6 +573,8 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
                     batch, hold, r2, w2, new2, no_rows, nf, 0, s0, top, window, policy, epoch, clock,
                     keep, (g + 1) * span, ek, er, ep, starts[g], late2, held, spec)
         took[g], n_evs[g], made[g] = out[0], out[1], out[2]
+        for e in range(starts[g], starts[g] + n_evs[g]):
+            ev2[ep[e]] = e          # (the range's own positions)
     taken = 0
     if fill:                        # the new rows, range by range (see range_rows)
         base = np.empty(n_ranges, np.int64)
@@ -581,10 +584,15 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
         for g in prange(n_ranges):
             range_rows(starts, g, base, slots, r2, w2, new2, late2, scores, mscore,
                        free_rows, n_free, fresh_start)
-    for t in prange(n):
-        i = order[t]
-        rows[i], where[i], inserted[i] = r2[t], w2[t], new2[t]
-        deferred[i] = n_ranges if late2[t] else 0
+    at = np.empty(n, np.int64)      # each position's eviction in ek / er, -1: none
+    m_c = (n + REPORT_CHUNK - 1) // REPORT_CHUNK
+    per = np.zeros(m_c + 1, np.int64)   # evictions a chunk of positions (see _report)
+    for c in prange(m_c):           # (in batch order: no two threads write one line)
+        for i in range(c * REPORT_CHUNK, min((c + 1) * REPORT_CHUNK, n)):
+            t = rank[i]
+            rows[i], where[i], inserted[i], at[i] = r2[t], w2[t], new2[t], ev2[t]
+            deferred[i] = n_ranges if late2[t] else 0
+            per[c + 1] += ev2[t] >= 0
     late = np.flatnonzero(deferred)
     m = late.shape[0]
     e3 = n                          # the serial pass's evictions from e3 on
@@ -611,22 +619,38 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
     out = _pass(late, 0, late.shape[0], slots, mask, keys, given, scores, mscore, mark, batch,
                 hold, rows, where, inserted, free_rows, nf, f0, size + taken, limit, window, policy,
                 epoch, clock, keep, -1, ek, er, ep, e3, np.zeros(n, np.bool_), held, spec)
-    at = np.full(n, -1, np.int64)       # report them in the order of their positions
-    for g in range(n_ranges):
-        for e in range(starts[g], starts[g] + n_evs[g]):
-            at[order[ep[e]]] = e
-    for g in range(n_evs2.shape[0]):
+    for g in range(n_evs2.shape[0]):    # report them in the order of their positions
         for e in range(n + starts2[g], n + starts2[g] + n_evs2[g]):
             at[ep[e]] = e
+            per[ep[e] // REPORT_CHUNK + 1] += 1
     for e in range(e3, e3 + out[1]):
         at[ep[e]] = e
-    c = 0
-    for i in range(n):
-        if at[i] >= 0:
-            ev_keys[c] = ek[at[i]]
-            ev_rows[c] = er[at[i]]
-            c += 1
-    return taken + out[0], c, made.sum() + out[2], out[3]
+        per[ep[e] // REPORT_CHUNK + 1] += 1
+    return taken + out[0], _report(at, per, ek, er, ev_keys, ev_rows), made.sum() + out[2], \
+        out[3]
+
+
+REPORT_CHUNK = 4096     # positions a thread of _report takes at a time
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def _report(at, base, ek, er, ev_keys, ev_rows):
+    """``ev_keys`` / ``ev_rows`` get ``ek[at[i]]`` / ``er[at[i]]`` for the positions i
+    with ``at[i] >= 0``, in position order, on all threads; ``base[c + 1]`` comes with
+    the count of such positions in chunk c (``REPORT_CHUNK`` positions).  Returns how
+    many."""
+    n = at.shape[0]
+    m = base.shape[0] - 1
+    for c in range(m):
+        base[c + 1] += base[c]
+    for c in prange(m):
+        o = base[c]
+        for i in range(c * REPORT_CHUNK, min((c + 1) * REPORT_CHUNK, n)):
+            if at[i] >= 0:
+                ev_keys[o] = ek[at[i]]
+                ev_rows[o] = er[at[i]]
+                o += 1
+    return base[m]
 
 
 # ---- a fill in ranges: per-position bodies (a GPU runs them a thread each) ---------------

@@ -4,43 +4,46 @@ in a group).
 
 >>> import numpy as np
 >>> keys = np.array([5, 6, 7]); rows = np.array([-2, -2, -2]); where = np.full(3, -1)
->>> order, starts = by_range(1023, keys, rows, where, 4)
+>>> order, starts, rank = by_range(1023, keys, rows, where, 4)
 >>> int(starts[-1]), sorted(order.tolist())
 (3, [0, 1, 2])
 """
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from .slots import first_slot
 
 
 @njit(nogil=True, cache=True)
 def stable_groups(ids, n_groups):
-    """``(order, starts)``: the positions of ``ids`` (n,) in ``[0, n_groups)`` grouped
-    by id, ascending in a group (a counting sort); group g is
-    ``order[starts[g]:starts[g + 1]]``."""
+    """``(order, starts, rank)``: the positions of ``ids`` (n,) in ``[0, n_groups)``
+    grouped by id, ascending in a group (a counting sort); group g is
+    ``order[starts[g]:starts[g + 1]]``, and ``rank[i]`` is position i's place in
+    ``order`` (``order[rank[i]] == i``)."""
     n = ids.shape[0]
     starts = np.zeros(n_groups + 1, np.int64)
     for i in range(n):
         starts[ids[i] + 1] += 1
     for g in range(n_groups):
         starts[g + 1] += starts[g]
-    order = np.empty(n, np.int64)
+    order, rank = np.empty(n, np.int64), np.empty(n, np.int64)
     fill = starts[:-1].copy()
     for i in range(n):
-        order[fill[ids[i]]] = i
-        fill[ids[i]] += 1
-    return order, starts
+        t = fill[ids[i]]
+        order[t] = i
+        rank[i] = t
+        fill[ids[i]] = t + 1
+    return order, starts, rank
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, parallel=True)
 def by_range(mask, keys, rows, where, n_ranges):
     """The positions grouped by range of the index, batch order in a range (present
-    keys by their slot, absent ones by their home slot): ``(order, starts)``, range
-    g's positions ``order[starts[g]:starts[g + 1]]``."""
+    keys by their slot, absent ones by their home slot): ``(order, starts, rank)`` of
+    :func:`stable_groups`, range g's positions ``order[starts[g]:starts[g + 1]]``."""
     span = (mask + 1) // n_ranges
     ids = np.empty(keys.shape[0], np.int64)
-    for i in range(keys.shape[0]):
+    for i in prange(keys.shape[0]):
         ids[i] = (where[i] if rows[i] >= 0 else first_slot(keys[i], mask)) // span
     return stable_groups(ids, n_ranges)
 
@@ -68,5 +71,5 @@ def shifted(mask, keys, rows, where, late, n_ranges, deferred):
         g = shifted_range(mask, keys, rows, where, late[t], n_ranges)
         deferred[late[t]] = g
         ids[t] = g - 1
-    order, starts = stable_groups(ids, n_ranges)
+    order, starts, _ = stable_groups(ids, n_ranges)
     return late[order], starts
