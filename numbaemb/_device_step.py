@@ -73,7 +73,7 @@ def apply_on_device(variable, optimizer, ids, grads, step, lr, assume_unique, de
     owner = _owners(variable, uniq)      # (a bad partitioner raises before any change)
     variable._check_room(uniq)
     if delta:
-        _delta_step(variable, optimizer, uniq, g, order, starts, lr, step, dtype, sc)
+        _delta_step(variable, optimizer, uniq, owner, g, order, starts, lr, step, dtype, sc)
         return
     name, slots, hyper, flag = optimizer._rule(lr, step, dtype)
     with variable._lock.write():
@@ -131,7 +131,17 @@ def _by_shard(variable, owner, keep, u):
     return [(shard, pos) for shard, pos in zip(variable.shards, parts) if pos.shape[0]]
 
 
-def _delta_step(variable, optimizer, uniq, g, order, starts, lr, step, dtype, sc):
+def _parts(variable, owner, uniq):
+    """``variable._parts(uniq, uniq)`` from the owners :func:`_owners` found (the
+    partitioner is not asked again)."""
+    if owner is None:
+        return [(variable.shards[0], None, uniq)]
+    a = variable._arrays
+    pos = [a.positions(np.flatnonzero(owner == s)) for s in range(variable.num_shards)]
+    return [(s, p, a.take(uniq, p)) for s, p in zip(variable.shards, pos) if p.shape[0]]
+
+
+def _delta_step(variable, optimizer, uniq, owner, g, order, starts, lr, step, dtype, sc):
     """``apply_gradients(delta=True)`` (TFRA's bp_v2) on a GPU table, as the CPU's
     ``_apply_delta``: the distinct ids' rows and slots as the step starts (absent:
     initial values), the update kernel on copies of them, the change ``new - old``
@@ -148,8 +158,9 @@ def _delta_step(variable, optimizer, uniq, g, order, starts, lr, step, dtype, sc
         _add_slot_columns(variable, optimizer)
     old, exists = a.empty((u, dim), variable._store), a.empty(u, np.bool_)
     copies = {s: np.empty((u, dim), dtype) for s, _ in slots}
+    parts = _parts(variable, owner, uniq)
     with variable._lock.read():             # the rows as the step starts
-        for shard, pos, keys in variable._parts(uniq, uniq):
+        for shard, pos, keys in parts:
             o, e = (old, exists) if pos is None else (a.empty((keys.shape[0], dim),
                                                               variable._store),
                                                       a.empty(keys.shape[0], np.bool_))
@@ -173,7 +184,7 @@ def _delta_step(variable, optimizer, uniq, g, order, starts, lr, step, dtype, sc
                       flag, sc)
     variable.accum(uniq, old, new, exists)
     with variable._lock.write():            # slots are set (last writer wins), as TFRA's
-        for shard, pos, keys in variable._parts(uniq, uniq):
+        for shard, pos, keys in parts:
             with shard.on():
                 rows = a.host(shard.find_rows(keys))
                 hit = np.flatnonzero(rows >= 0)

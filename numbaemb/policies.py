@@ -102,6 +102,13 @@ class TimestampRestrictPolicy(RestrictPolicy):
         super().update(ids, once)
         self.clock += 1
 
+    def resume(self, scores, comm=None):
+        """After a restore: set the clock so later updates score above every restored
+        key, ``scores`` (int64, any shape) being the restored column; with ``comm`` (an
+        MPI communicator; collective) above every rank's."""
+        top = int(np.max(scores)) if np.size(scores) else 0
+        self.clock = max(comm.allgather(top)) if comm is not None else top
+
 
 class FrequencyRestrictPolicy(RestrictPolicy):
     """Evict the keys used least often (each occurrence counts)."""

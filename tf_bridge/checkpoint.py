@@ -481,9 +481,8 @@ def _restored_clock(variable, cols):
     """A timestamp policy's clock after a restore of ``cols`` (the state's columns,
     every rank's for a split table): later steps must score above every restored key."""
     policy = getattr(getattr(variable, "restrict_policy", None), "policy", None)
-    if hasattr(policy, "clock") and any(c[0] == policy.column for c in cols):
-        scores = next(c[4] for c in cols if c[0] == policy.column)
-        policy.clock = int(scores.max()) if scores.size else 0
+    if hasattr(policy, "resume") and any(c[0] == policy.column for c in cols):
+        policy.resume(next(c[4] for c in cols if c[0] == policy.column))
 
 
 def _restore_owned(variable, state):

@@ -77,3 +77,26 @@ def test_trigger_and_bad_arguments():
     with pytest.raises(ValueError, match="trigger"):
         p.apply_restriction(3, trigger=2)
     assert v.size() == 5
+
+
+def test_timestamp_resume_after_restore(tmp_path):
+    """A restored timestamp column: ``resume`` puts the clock at its highest stamp, so
+    ids used after the restore outlast every restored one (a fresh policy on the loaded
+    table would stamp them 1, below the restored ids)."""
+    v = ne.Variable(dim=2)
+    p = TimestampRestrictPolicy(v)
+    for b in ([1, 2], [3], [4, 5]):
+        v.find_or_insert(np.array(b))
+        p.update(np.array(b))
+    v.save(str(tmp_path / "t.ckpt"))
+    w = ne.Variable.load(str(tmp_path / "t.ckpt"))
+    q = TimestampRestrictPolicy(w)
+    q.resume(w.export(q.column)[1])
+    assert q.clock == 3
+    w.find_or_insert(np.array([9]))
+    q.update(np.array([9]))
+    q.apply_restriction(1)
+    assert w.export()[0].tolist() == [9]
+    empty = TimestampRestrictPolicy(ne.Variable(dim=2))
+    empty.resume(np.empty((0, 1), np.int64))
+    assert empty.clock == 0

@@ -248,10 +248,8 @@ def _adopt(var, loaded):
     if policy is not None:      # the policy scores the loaded table (its column, if saved)
         var.restrict_policy = type(policy)(var)
         p = var.restrict_policy.policy
-        if hasattr(p, "clock"):     # later steps stamp above every restored key, every rank's
-            scores = loaded.export(p.column)[1]
-            top = int(scores.max()) if scores.size else 0
-            p.clock = max(_comm().allgather(top)) if var.distributed else top
+        if hasattr(p, "resume"):    # later steps stamp above every restored key, every rank's
+            p.resume(loaded.export(p.column)[1], _comm() if var.distributed else None)
 
 
 def gather_table(var):
