@@ -453,7 +453,8 @@ def conditions(args, load_before, load_after):
         f"machine: {os.cpu_count()} cores ({cpu}); load average before {load_before}, "
         f"after {load_after} (1/5/15 min)",
         f"threads: numba {numba.get_num_threads()} ({layer}; OMP_WAIT_POLICY="
-        f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}, "
+        f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}, GOMP_SPINCOUNT="
+        f"{os.environ.get('GOMP_SPINCOUNT', 'unset')}, "
         f"PARALLEL_MIN={getattr(segment, 'PARALLEL_MIN', 'n/a')}); "
         f"TF intra-op {tf.config.threading.get_intra_op_parallelism_threads() or 'default'}, "
         f"inter-op {tf.config.threading.get_inter_op_parallelism_threads() or 'default'}; "

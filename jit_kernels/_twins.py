@@ -1,8 +1,8 @@
 """Serial twins of ``prange`` drivers, and drivers that pick one by the amount of work.
 
 A parallel launch costs tens of microseconds on an idle machine and up to
-milliseconds when the cores are busy (``OMP_WAIT_POLICY=PASSIVE``: the workers
-sleep), so small batches run a serial build of the same Python function
+a millisecond or more when the cores are busy (the workers sleep after a short
+spin, see :mod:`numbaemb`), so small batches run a serial build of the same Python function
 (:func:`serial_twin`); :class:`BySize` makes a driver that chooses per call,
 by :func:`jit_kernels.segment.threads_for` (``PARALLEL_MIN``).
 """

@@ -5,22 +5,28 @@
 >>> v.find_or_insert(np.array([3, -1])).shape
 (2, 4)
 
-Threads: importing numbaemb sets ``OMP_WAIT_POLICY=PASSIVE`` unless it is
-already set (``os.environ.setdefault``), before Numba's OpenMP runtime starts
-(at the first parallel kernel).  With OpenMP's default policy idle worker
-threads spin, and on a busy machine (TensorFlow's thread pools, an input
-pipeline, other processes) a parallel launch then waits for a spinning thread
-to give its core back: on a loaded 2-core machine a 100-row parallel kernel
-took 8 ms (median) with ``ACTIVE`` and 0.5 ms on average (6.5 us median, long
-tail) with the default, against 19 us, every time, with ``PASSIVE``
-(``benchmarks/RESULTS_train.md``).  Set the variable yourself (before
+Threads: importing numbaemb sets ``OMP_WAIT_POLICY=PASSIVE`` and, for GNU
+OpenMP (Numba's pip wheels use it), ``GOMP_SPINCOUNT=3000`` unless either is
+already set (``os.environ``), before Numba's OpenMP runtime starts (at the
+first parallel kernel): idle workers spin for about 30 microseconds, then sleep.
+With OpenMP's default (300,000 spins, about 3 ms) a worker that spins on a busy
+machine (TensorFlow's thread pools, an input pipeline, other processes) holds
+the core a launch then waits for: a 100-element parallel kernel took 7.5 ms a
+launch (mean) with 2 busy processes on 2 cores.  Sleeping at once (``PASSIVE``,
+no spin) costs a launch a wake-up, 84 us (mean) on the idle machine, with a
+99th percentile of 3.9 ms under load; 3,000 spins: 52 us idle, 83 us (p99
+0.19 ms) under load, and a kernel's regions that follow each other within
+tens of microseconds start in 2-6 us (``benchmarks/bench_launch.py``; README,
+Threads).  Set either variable yourself (before
 importing numbaemb or anything that starts OpenMP) to choose otherwise.
 Small inputs skip the thread pool altogether: see
 :data:`jit_kernels.segment.PARALLEL_MIN`.
 """
 import os as _os
 
-_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
+    _os.environ["GOMP_SPINCOUNT"] = "3000"      # (GNU OpenMP: wins over the policy)
+_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # (other runtimes: no spinning)
 
 from jit_kernels._cache import register as _register  # noqa: E402
 

@@ -241,3 +241,26 @@ def test_bounded_table_evicting_under_readers(monkeypatch):
     assert 0 < keys.size <= 3000
     got = check_rows(vals, "export")
     assert ((got == keys) | (got == MISSING)).all()
+
+
+@pytest.mark.parametrize("given, want", [
+    ({}, ("PASSIVE", "3000")),                                  # the default: a short spin
+    ({"OMP_WAIT_POLICY": "ACTIVE"}, ("ACTIVE", None)),           # the user's policy wins
+    ({"OMP_WAIT_POLICY": "PASSIVE"}, ("PASSIVE", None)),         # (no spin: as asked)
+    ({"GOMP_SPINCOUNT": "50"}, ("PASSIVE", "50")),               # the user's spin count wins
+])
+def test_import_sets_the_openmp_wait_unless_the_user_did(given, want):
+    """``import numbaemb`` sets ``GOMP_SPINCOUNT=3000`` (and ``OMP_WAIT_POLICY=PASSIVE``
+    for other OpenMP runtimes) only where the user set neither (a fresh process each)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env.update(given)
+    code = ("import json, os, numbaemb; print(json.dumps([os.environ.get('OMP_WAIT_POLICY'), "
+            "os.environ.get('GOMP_SPINCOUNT')]))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+                             os.path.abspath(__file__)))))
+    assert tuple(json.loads(out.stdout.strip().splitlines()[-1])) == want
