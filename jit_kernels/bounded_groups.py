@@ -36,16 +36,46 @@ def stable_groups(ids, n_groups):
     return order, starts, rank
 
 
+SORT_BLOCKS = 16     # blocks of positions by_range counts and places in parallel
+
+
 @njit(nogil=True, cache=True, parallel=True)
 def by_range(mask, keys, rows, where, n_ranges):
     """The positions grouped by range of the index, batch order in a range (present
     keys by their slot, absent ones by their home slot): ``(order, starts, rank)`` of
-    :func:`stable_groups`, range g's positions ``order[starts[g]:starts[g + 1]]``."""
+    :func:`stable_groups`, range g's positions ``order[starts[g]:starts[g + 1]]``.
+
+    The same counting sort on all threads: each of up to ``SORT_BLOCKS`` blocks of
+    positions is counted per range, then placed after the earlier blocks' positions
+    of the range (the result does not depend on the number of blocks)."""
+    n = keys.shape[0]
     span = (mask + 1) // n_ranges
-    ids = np.empty(keys.shape[0], np.int64)
-    for i in prange(keys.shape[0]):
-        ids[i] = (where[i] if rows[i] >= 0 else first_slot(keys[i], mask)) // span
-    return stable_groups(ids, n_ranges)
+    n_blocks = max(1, min(SORT_BLOCKS, n // 1024))
+    step = (n + n_blocks - 1) // n_blocks
+    ids = np.empty(n, np.int64)
+    place = np.zeros((n_blocks, n_ranges), np.int64)    # counts, then next places
+    for c in prange(n_blocks):
+        for i in range(c * step, min((c + 1) * step, n)):
+            g = (where[i] if rows[i] >= 0 else first_slot(keys[i], mask)) // span
+            ids[i] = g
+            place[c, g] += 1
+    starts = np.empty(n_ranges + 1, np.int64)
+    o = 0
+    for g in range(n_ranges):
+        starts[g] = o
+        for c in range(n_blocks):
+            k = place[c, g]
+            place[c, g] = o
+            o += k
+    starts[n_ranges] = o
+    order, rank = np.empty(n, np.int64), np.empty(n, np.int64)
+    for c in prange(n_blocks):
+        for i in range(c * step, min((c + 1) * step, n)):
+            t = place[c, ids[i]]
+            order[t] = i
+            rank[i] = t
+            place[c, ids[i]] = t + 1
+    return order, starts, rank
 
 
 @njit(nogil=True, cache=True)

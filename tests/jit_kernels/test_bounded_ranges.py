@@ -298,3 +298,24 @@ def test_a_foreseen_victim_is_taken_only_while_it_is_the_window_s(monkeypatch):
                          np.empty(n, np.int64), np.empty(n, np.int64), 0,
                          np.empty(0, np.bool_), held, spec)
     assert seen["taken"] > 1000 and seen["dropped"] > 100, seen
+
+
+@pytest.mark.parametrize("n", [0, 1, 1023, 5000, 20_011])
+def test_by_range_is_a_stable_sort_by_range(n):
+    """``by_range`` (blocks of positions counted and placed on all threads) against
+    NumPy's stable argsort of each position's range: present keys by their slot,
+    absent ones by their home slot; ``rank`` inverts ``order``."""
+    from jit_kernels.bounded_groups import by_range
+    rng = np.random.default_rng(n)
+    mask, n_ranges = (1 << 16) - 1, 64
+    keys = rng.integers(INT64_MIN, INT64_MAX, n, dtype=np.int64, endpoint=True)
+    keys[:min(n, 4)] = [INT64_MIN, INT64_MAX, -1, 0][:min(n, 4)]
+    present = rng.random(n) < 0.3
+    rows = np.where(present, rng.integers(0, 1000, n), -2).astype(np.int64)
+    where = np.where(present, rng.integers(0, mask + 1, n), -1).astype(np.int64)
+    home = np.array([first_slot(k, mask) for k in keys], np.int64)
+    ids = np.where(present, where, home) // ((mask + 1) // n_ranges)
+    order, starts, rank = by_range(mask, keys, rows, where, n_ranges)
+    assert order.tolist() == np.argsort(ids, kind="stable").tolist()
+    assert starts.tolist() == np.searchsorted(np.sort(ids), np.arange(n_ranges + 1)).tolist()
+    assert (rank[order] == np.arange(n)).all()
