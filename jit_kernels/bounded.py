@@ -546,16 +546,11 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
     """
     n = keys.shape[0]
     fill = size < limit
-    order, starts, rank = by_range(mask, keys, rows, where, n_ranges)
     # the ranges work on copies in range order (contiguous, not scattered, accesses)
-    k2, g2, r2, w2 = np.empty_like(keys), np.empty_like(given), np.empty_like(rows), \
-        np.empty_like(where)
-    new2, late2, ev2 = np.empty(n, np.bool_), np.zeros(n, np.bool_), np.empty(n, np.int64)
-    for t in prange(n):
-        i = order[t]
-        k2[t], g2[t], r2[t], w2[t] = keys[i], given[i], rows[i], where[i]
-        ev2[t] = -1
-        if fill:
+    starts, rank, k2, g2, r2, w2 = by_range(mask, keys, given, rows, where, n_ranges)
+    new2, late2, ev2 = np.empty(n, np.bool_), np.zeros(n, np.bool_), np.full(n, -1, np.int64)
+    if fill:
+        for t in prange(n):
             slot_row_one(r2, w2, scores, mscore, t)
     # evictions: range g's from starts[g] on, the deferred positions' from n on
     ek, er, ep = np.empty(3 * n, np.int64), np.empty(3 * n, np.int64), np.empty(3 * n, np.int64)

@@ -4,9 +4,9 @@ in a group).
 
 >>> import numpy as np
 >>> keys = np.array([5, 6, 7]); rows = np.array([-2, -2, -2]); where = np.full(3, -1)
->>> order, starts, rank = by_range(1023, keys, rows, where, 4)
->>> int(starts[-1]), sorted(order.tolist())
-(3, [0, 1, 2])
+>>> starts, rank, keys2, _, _, _ = by_range(1023, keys, keys, rows, where, 4)
+>>> int(starts[-1]), sorted(rank.tolist()), bool((keys2[rank] == keys).all())
+(3, [0, 1, 2], True)
 """
 import numpy as np
 from numba import njit, prange
@@ -40,12 +40,13 @@ SORT_BLOCKS = 16     # blocks of positions by_range counts and places in paralle
 
 
 @njit(nogil=True, cache=True, parallel=True)
-def by_range(mask, keys, rows, where, n_ranges):
+def by_range(mask, keys, given, rows, where, n_ranges):
     """The positions grouped by range of the index, batch order in a range (present
-    keys by their slot, absent ones by their home slot): ``(order, starts, rank)`` of
-    :func:`stable_groups`, range g's positions ``order[starts[g]:starts[g + 1]]``.
+    keys by their slot, absent ones by their home slot): ``(starts, rank, keys2,
+    given2, rows2, where2)``: position i goes to place ``rank[i]``, range g's places
+    are ``starts[g]:starts[g + 1]``, and ``keys2`` ... hold ``keys`` ... in that order.
 
-    The same counting sort on all threads: each of up to ``SORT_BLOCKS`` blocks of
+    A stable counting sort on all threads: each of up to ``SORT_BLOCKS`` blocks of
     positions is counted per range, then placed after the earlier blocks' positions
     of the range (the result does not depend on the number of blocks)."""
     n = keys.shape[0]
@@ -68,14 +69,16 @@ def by_range(mask, keys, rows, where, n_ranges):
             place[c, g] = o
             o += k
     starts[n_ranges] = o
-    order, rank = np.empty(n, np.int64), np.empty(n, np.int64)
-    for c in prange(n_blocks):
+    rank = np.empty(n, np.int64)
+    k2, g2, r2, w2 = np.empty_like(keys), np.empty_like(given), np.empty_like(rows), \
+        np.empty_like(where)
+    for c in prange(n_blocks):      # (a thread writes its blocks' stretch of each range)
         for i in range(c * step, min((c + 1) * step, n)):
             t = place[c, ids[i]]
-            order[t] = i
             rank[i] = t
+            k2[t], g2[t], r2[t], w2[t] = keys[i], given[i], rows[i], where[i]
             place[c, ids[i]] = t + 1
-    return order, starts, rank
+    return starts, rank, k2, g2, r2, w2
 
 
 @njit(nogil=True, cache=True)

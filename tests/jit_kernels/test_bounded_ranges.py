@@ -303,8 +303,9 @@ def test_a_foreseen_victim_is_taken_only_while_it_is_the_window_s(monkeypatch):
 @pytest.mark.parametrize("n", [0, 1, 1023, 5000, 20_011])
 def test_by_range_is_a_stable_sort_by_range(n):
     """``by_range`` (blocks of positions counted and placed on all threads) against
-    NumPy's stable argsort of each position's range: present keys by their slot,
-    absent ones by their home slot; ``rank`` inverts ``order``."""
+    NumPy's stable argsort of each position's range (present keys by their slot,
+    absent ones by their home slot): each position's place and the copies in that
+    order."""
     from jit_kernels.bounded_groups import by_range
     rng = np.random.default_rng(n)
     mask, n_ranges = (1 << 16) - 1, 64
@@ -315,7 +316,10 @@ def test_by_range_is_a_stable_sort_by_range(n):
     where = np.where(present, rng.integers(0, mask + 1, n), -1).astype(np.int64)
     home = np.array([first_slot(k, mask) for k in keys], np.int64)
     ids = np.where(present, where, home) // ((mask + 1) // n_ranges)
-    order, starts, rank = by_range(mask, keys, rows, where, n_ranges)
-    assert order.tolist() == np.argsort(ids, kind="stable").tolist()
+    given = rng.integers(-9, 9, n, dtype=np.int64)
+    starts, rank, k2, g2, r2, w2 = by_range(mask, keys, given, rows, where, n_ranges)
+    order = np.argsort(ids, kind="stable")
+    assert rank[order].tolist() == list(range(n))
     assert starts.tolist() == np.searchsorted(np.sort(ids), np.arange(n_ranges + 1)).tolist()
-    assert (rank[order] == np.arange(n)).all()
+    for copy, a in ((k2, keys), (g2, given), (r2, rows), (w2, where)):
+        assert copy.tolist() == a[order].tolist()
