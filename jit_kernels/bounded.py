@@ -63,7 +63,7 @@ from numba import njit, prange
 
 from .cpu_table import ROWS_AHEAD, prefetch_read, prefetch_row, prefetch_write, rehash
 from .initializers import init_row
-from .bounded_groups import by_range, shifted
+from .bounded_groups import REPORT_CHUNK, by_range, report, shifted
 from .slots import DELETED, EMPTY, first_slot, next_slot
 
 LRU, LFU, EPOCH_LRU, EPOCH_LFU, CUSTOM = 0, 1, 2, 3, 4
@@ -581,7 +581,7 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
                        free_rows, n_free, fresh_start)
     at = np.empty(n, np.int64)      # each position's eviction in ek / er, -1: none
     m_c = (n + REPORT_CHUNK - 1) // REPORT_CHUNK
-    per = np.zeros(m_c + 1, np.int64)   # evictions a chunk of positions (see _report)
+    per = np.zeros(m_c + 1, np.int64)   # evictions a chunk of positions (see report)
     for c in prange(m_c):           # (in batch order: no two threads write one line)
         for i in range(c * REPORT_CHUNK, min((c + 1) * REPORT_CHUNK, n)):
             t = rank[i]
@@ -621,31 +621,8 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
     for e in range(e3, e3 + out[1]):
         at[ep[e]] = e
         per[ep[e] // REPORT_CHUNK + 1] += 1
-    return taken + out[0], _report(at, per, ek, er, ev_keys, ev_rows), made.sum() + out[2], \
+    return taken + out[0], report(at, per, ek, er, ev_keys, ev_rows), made.sum() + out[2], \
         out[3]
-
-
-REPORT_CHUNK = 4096     # positions a thread of _report takes at a time
-
-
-@njit(nogil=True, cache=True, parallel=True)
-def _report(at, base, ek, er, ev_keys, ev_rows):
-    """``ev_keys`` / ``ev_rows`` get ``ek[at[i]]`` / ``er[at[i]]`` for the positions i
-    with ``at[i] >= 0``, in position order, on all threads; ``base[c + 1]`` comes with
-    the count of such positions in chunk c (``REPORT_CHUNK`` positions).  Returns how
-    many."""
-    n = at.shape[0]
-    m = base.shape[0] - 1
-    for c in range(m):
-        base[c + 1] += base[c]
-    for c in prange(m):
-        o = base[c]
-        for i in range(c * REPORT_CHUNK, min((c + 1) * REPORT_CHUNK, n)):
-            if at[i] >= 0:
-                ev_keys[o] = ek[at[i]]
-                ev_rows[o] = er[at[i]]
-                o += 1
-    return base[m]
 
 
 # ---- a fill in ranges: per-position bodies (a GPU runs them a thread each) ---------------

@@ -1,6 +1,6 @@
 """Positions of a bounded call grouped by range of the index, for the passes of
 :func:`jit_kernels.bounded.bounded_insert_ranges` (counting sorts, batch order kept
-in a group).
+in a group), and the call's evictions put back in the order of their positions.
 
 >>> import numpy as np
 >>> keys = np.array([5, 6, 7]); rows = np.array([-2, -2, -2]); where = np.full(3, -1)
@@ -16,24 +16,21 @@ from .slots import first_slot
 
 @njit(nogil=True, cache=True)
 def stable_groups(ids, n_groups):
-    """``(order, starts, rank)``: the positions of ``ids`` (n,) in ``[0, n_groups)``
-    grouped by id, ascending in a group (a counting sort); group g is
-    ``order[starts[g]:starts[g + 1]]``, and ``rank[i]`` is position i's place in
-    ``order`` (``order[rank[i]] == i``)."""
+    """``(order, starts)``: the positions of ``ids`` (n,) in ``[0, n_groups)`` grouped
+    by id, ascending in a group (a counting sort); group g is
+    ``order[starts[g]:starts[g + 1]]``."""
     n = ids.shape[0]
     starts = np.zeros(n_groups + 1, np.int64)
     for i in range(n):
         starts[ids[i] + 1] += 1
     for g in range(n_groups):
         starts[g + 1] += starts[g]
-    order, rank = np.empty(n, np.int64), np.empty(n, np.int64)
+    order = np.empty(n, np.int64)
     fill = starts[:-1].copy()
     for i in range(n):
-        t = fill[ids[i]]
-        order[t] = i
-        rank[i] = t
-        fill[ids[i]] = t + 1
-    return order, starts, rank
+        order[fill[ids[i]]] = i
+        fill[ids[i]] += 1
+    return order, starts
 
 
 SORT_BLOCKS = 16     # blocks of positions by_range counts and places in parallel
@@ -104,5 +101,28 @@ def shifted(mask, keys, rows, where, late, n_ranges, deferred):
         g = shifted_range(mask, keys, rows, where, late[t], n_ranges)
         deferred[late[t]] = g
         ids[t] = g - 1
-    order, starts, _ = stable_groups(ids, n_ranges)
+    order, starts = stable_groups(ids, n_ranges)
     return late[order], starts
+
+
+REPORT_CHUNK = 4096     # positions a thread of report takes at a time
+
+
+@njit(nogil=True, cache=True, parallel=True)
+def report(at, base, ek, er, ev_keys, ev_rows):
+    """``ev_keys`` / ``ev_rows`` get ``ek[at[i]]`` / ``er[at[i]]`` for the positions i
+    with ``at[i] >= 0``, in position order, on all threads; ``base[c + 1]`` comes with
+    the count of such positions in chunk c (``REPORT_CHUNK`` positions).  Returns how
+    many."""
+    n = at.shape[0]
+    m = base.shape[0] - 1
+    for c in range(m):
+        base[c + 1] += base[c]
+    for c in prange(m):
+        o = base[c]
+        for i in range(c * REPORT_CHUNK, min((c + 1) * REPORT_CHUNK, n)):
+            if at[i] >= 0:
+                ev_keys[o] = ek[at[i]]
+                ev_rows[o] = er[at[i]]
+                o += 1
+    return base[m]
