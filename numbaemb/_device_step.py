@@ -134,11 +134,11 @@ def _by_shard(variable, owner, keep, u):
 def _parts(variable, owner, uniq):
     """``variable._parts(uniq, uniq)`` from the owners :func:`_owners` found (the
     partitioner is not asked again)."""
-    if owner is None:
-        return [(variable.shards[0], None, uniq)]
-    a = variable._arrays
-    pos = [a.positions(np.flatnonzero(owner == s)) for s in range(variable.num_shards)]
-    return [(s, p, a.take(uniq, p)) for s, p in zip(variable.shards, pos) if p.shape[0]]
+    a, out = variable._arrays, []
+    for shard, pos in _by_shard(variable, owner, None, uniq.shape[0]):
+        at = None if pos is None else a.positions(pos)
+        out.append((shard, at, uniq if at is None else a.take(uniq, at)))
+    return out
 
 
 def _delta_step(variable, optimizer, uniq, owner, g, order, starts, lr, step, dtype, sc):
