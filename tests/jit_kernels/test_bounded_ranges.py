@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from jit_kernels import bounded as kb
 from jit_kernels.cpu_table import erase_keys
 from jit_kernels.slots import empty_slots, first_slot
+from tests.sizing import examples
 
 INT64_MIN, INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 POOL = [INT64_MIN, INT64_MAX, -1, 0, 1, 2, 3, 17, -17, 1 << 40]
@@ -161,7 +162,7 @@ FILL = dict(limit=200, size=60, removed=15)     # 45 keys: a call of <= 155 new 
 
 
 @pytest.mark.parametrize("fill", [False, True])
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(key_st, min_size=1, max_size=120), st.sampled_from([1, 2, 4, 8]),
        st.sampled_from([2, 4, 8, 16]), st.sampled_from(sorted(kb.POLICIES.values())),
        st.integers(0, 3), st.data())
@@ -233,7 +234,7 @@ def test_ranges_for_depends_on_the_table_alone():
 
 
 @pytest.mark.parametrize("mode", ["serial", "ranges", "fill"])
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(st.lists(key_st, min_size=1, max_size=120), st.sampled_from([1, 2, 4, 8, 32]),
        st.integers(0, 3), st.data())
 def test_an_lru_call_that_holds_its_clock_needs_no_restore(mode, keys, window, seed, data):

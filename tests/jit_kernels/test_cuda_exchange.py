@@ -11,6 +11,7 @@ from jit_kernels import cuda_table as ct
 from jit_kernels.exchange import first_flags, plan
 from jit_kernels.segment import segment_sum
 from tests.cuda_support import needs_cuda
+from tests.sizing import examples
 
 pytestmark = [pytest.mark.cuda, needs_cuda]
 I64 = np.iinfo(np.int64)
@@ -41,7 +42,7 @@ def check(cuda, keys, n_ranks, bits=64, dim=3):
     assert cx.pick(cuda.to_device(back), slot).copy_to_host().tolist() == back[want.slot].tolist()
 
 
-@settings(max_examples=10)
+@settings(max_examples=examples(10))
 @given(keys=st.lists(st.sampled_from(EXTREMES) | st.integers(-40, 40), max_size=60),
        n_ranks=st.integers(1, 8))
 def test_plan_equals_the_cpu_plan(cuda, keys, n_ranks):
@@ -57,7 +58,7 @@ def test_large_batches_use_the_chunked_grouping(cuda):
     check(cuda, keys, 5, dim=1)
 
 
-@settings(max_examples=6)
+@settings(max_examples=examples(6))
 @given(keys=st.lists(st.sampled_from(EXTREMES) | st.integers(-40, 40), max_size=40),
        n_ranks=st.integers(1, 8))
 def test_every_position_plan_equals_the_cpu_plan(cuda, keys, n_ranks):
@@ -76,7 +77,7 @@ def skewed(keys, n):
     return np.where(keys % 3 == 0, (keys // 3) % n, n - 1)
 
 
-@settings(max_examples=8)
+@settings(max_examples=examples(8))
 @given(keys=st.lists(st.sampled_from(EXTREMES) | st.integers(-40, 40), max_size=50),
        n_ranks=st.integers(1, 8), unique=st.booleans())
 def test_plan_with_given_owners_equals_the_cpu_plan_with_a_partitioner(cuda, keys, n_ranks,

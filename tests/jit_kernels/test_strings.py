@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jit_kernels import strings as ks
+from tests.sizing import examples
 
 TF_IDS = {b"": 1936946117179621456, b"a": 3694432073954588132, b"abcd": 1897425971756105985,
           b"hello world!": 4577883861590986596, b"x" * 17: 2082709914559524774,
@@ -34,7 +35,7 @@ def test_level0_ids_parallel_path_matches_serial():
     assert (ids >= 0).all() and (ids < 2 ** 63 - 1).all()
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(byte_lists, st.lists(st.text(max_size=10), max_size=5))
 def test_pack_concatenates_utf8(bs, texts):
     items = bs + texts
@@ -44,7 +45,7 @@ def test_pack_concatenates_utf8(bs, texts):
     assert buf.tobytes() == b"".join(enc)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(byte_lists, st.data())
 def test_equal_to_and_gather_bytes(bs, data):
     arena_items = data.draw(st.lists(st.sampled_from(bs + [b"other"]), min_size=len(bs),
@@ -64,7 +65,7 @@ def test_equal_to_and_gather_bytes(bs, data):
     assert [out[a:b].tobytes() for a, b in zip(out_starts[:-1], out_starts[1:])] == arena_items
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(byte_lists)
 def test_deep_ids_are_negative_per_level_and_depend_on_bytes_only(bs):
     buf, starts = ks.pack(bs)

@@ -22,6 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 import numbaemb as ne
 from jit_kernels import bounded as kb
 from numbaemb import optimizers as O
+from tests.sizing import examples
 
 INT64_MIN, INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 
@@ -225,7 +226,7 @@ def machine(policy, exact=True, ranges=False):
     name = f"Bounded_{policy}_{'exact' if exact else 'window'}{'_ranges' if ranges else ''}"
     cls = type(name, (RangesMachine if ranges else BoundedMachine,), attrs)
     test = cls.TestCase
-    test.settings = settings(max_examples=30, stateful_step_count=20, deadline=None)
+    test.settings = settings(max_examples=examples(30), stateful_step_count=20, deadline=None)
     return test
 
 
@@ -275,7 +276,7 @@ def test_bad_bounded_arguments():
     assert v.size() == 0
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(st.lists(st.tuples(st.sampled_from([INT64_MIN, INT64_MAX, -1, 0, 1, 2, 3, 7]),
                           st.booleans(), st.integers(-3, 3), st.integers(-3, 3)),
                 min_size=1, max_size=12), st.integers(0, 4))

@@ -21,6 +21,7 @@ import numbaemb as ne
 from numbaemb import checkpoint
 from numbaemb.sharding import default_partitioner
 from tests.cuda_support import CUDA_OK, needs_cuda
+from tests.sizing import examples
 
 I64 = np.iinfo(np.int64)
 I32 = np.iinfo(np.int32)
@@ -291,7 +292,7 @@ def test_extreme_keys(tmp_path, key_dtype):
         _assert_routed(w)
 
 
-@settings(max_examples=20)
+@settings(max_examples=examples(20))
 @given(ops=st.lists(st.tuples(st.sampled_from(["upsert", "remove"]),
                               st.lists(st.integers(I64.min, I64.max) | st.integers(-5, 5),
                                        max_size=12)), max_size=8),

@@ -14,6 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 import numbaemb as ne
 from numbaemb import initializers as I
 from tests.cuda_support import SIMULATOR, needs_cuda
+from tests.sizing import examples
 
 pytestmark = [pytest.mark.cuda, needs_cuda]
 
@@ -282,7 +283,8 @@ class CudaShardedMachine(CudaTableMachine):
     NUM_SHARDS = 3
 
 
-_SETTINGS = settings(max_examples=4 if SIMULATOR else 40, stateful_step_count=8, deadline=None)
+_SETTINGS = settings(max_examples=examples(4 if SIMULATOR else 40), stateful_step_count=8,
+                     deadline=None)
 TestCudaTable = CudaTableMachine.TestCase
 TestCudaTable.settings = _SETTINGS
 TestCudaSharded = CudaShardedMachine.TestCase

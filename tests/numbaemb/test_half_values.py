@@ -22,6 +22,7 @@ import numbaemb as ne
 from numbaemb import _checks
 from numbaemb import initializers as I
 from numbaemb import optimizers as O
+from tests.sizing import examples
 
 DIM = 3
 I64 = np.iinfo(np.int64)
@@ -150,7 +151,7 @@ class HalfMachine(RuleBasedStateMachine):
 def machine(dtype):
     cls = type(f"Half_{dtype.name}", (HalfMachine,), {"DTYPE": dtype})
     test = cls.TestCase
-    test.settings = settings(max_examples=25, stateful_step_count=15, deadline=None)
+    test.settings = settings(max_examples=examples(25), stateful_step_count=15, deadline=None)
     return test
 
 

@@ -11,6 +11,7 @@ import numbaemb as ne
 from jit_kernels.segment import unique_inverse
 from numbaemb import initializers as I
 from numbaemb.multi import apply_many, fits, lookup_many
+from tests.sizing import examples
 
 INT64_MIN, INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 EXTREMES = [INT64_MIN, INT64_MAX, -1, 0]
@@ -63,7 +64,7 @@ def test_equals_each_table_alone_with_extreme_keys_and_an_empty_batch(unique):
     assert [t.size() for t in tables] == [t.size() for t in tables_with_rows(0)]  # no insert
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(st.lists(st.lists(st.one_of(st.sampled_from(EXTREMES), st.integers(-60, 60)),
                          max_size=40), min_size=4, max_size=4), st.booleans())
 def test_random_batches_equal_the_oracle(batches, unique):

@@ -25,6 +25,7 @@ from numbaemb import initializers as I
 from numbaemb import optimizers as O
 from numbaemb import string_keys
 from tests.cuda_support import needs_cuda
+from tests.sizing import examples
 
 DIM = 2
 POOL = [b"", b"\x00", b"\x00\x00", b"a", b"a\x00", b"ab", "héllo".encode(), b"x" * 64,
@@ -230,7 +231,7 @@ def make(num_shards, collide, device="cpu"):
     case = m.TestCase
     case.settings = settings(stateful_step_count=20)
     if device != "cpu":     # the simulator runs a Python thread a CUDA thread: fewer, shorter
-        case.settings = settings(max_examples=4, stateful_step_count=10)
+        case.settings = settings(max_examples=examples(4), stateful_step_count=10)
         case.pytestmark = [pytest.mark.cuda, needs_cuda]
     return case
 
