@@ -43,7 +43,7 @@ class Table:
         self.serial(first, np.zeros(first.shape[0], np.int64), clock=1)
         if size is None:
             for clock in (2, 3):    # evictions and repeats: varied scores and layout
-                m = max(60, limit // 2)
+                m = 60 if cap == CAP else limit // 2
                 self.serial(rng.integers(-far - 1000, far + 1000, m), rng.integers(0, 9, m),
                             clock)
         gone = first[:removed].astype(np.int64)
