@@ -497,6 +497,18 @@ def _work():
 
 
 @njit(nogil=True, cache=True)
+def _works(n):
+    """The work space of ``n`` passes at once (one allocation, not ``2 n``): row g is
+    ``held`` (``DEFER_KEYS``) then ``spec`` (``SPEC``), see :func:`_row_work`."""
+    return np.empty((n, DEFER_KEYS + SPEC), np.int64)
+
+
+@njit(nogil=True, cache=True)
+def _row_work(work, g):
+    return work[g, :DEFER_KEYS], work[g, DEFER_KEYS:]
+
+
+@njit(nogil=True, cache=True)
 def bounded_insert(slots, mask, keys, given, scores, mscore, mark, batch, hold, rows, where,
                    inserted, free_rows, n_free, fresh_start, size, limit, window, policy,
                    epoch, clock, keep, ev_keys, ev_rows):
@@ -552,7 +564,8 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
     n = keys.shape[0]
     fill = size < limit
     # the ranges work on copies in range order (contiguous, not scattered, accesses)
-    starts, rank, k2, g2, r2, w2 = by_range(mask, keys, given, rows, where, n_ranges)
+    starts, rank, k2, g2, r2, w2 = by_range(mask, keys, given, rows, where, n_ranges,
+                                             policy == CUSTOM and not keep)
     new2, late2, ev2 = np.empty(n, np.bool_), np.zeros(n, np.bool_), np.full(n, -1, np.int64)
     if fill:
         for t in prange(n):
@@ -567,14 +580,17 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
     sc = mscore if fill else scores
     nf, s0, top = (-1, 0, n + 1) if fill else (0, limit, limit)
     took = np.zeros(n_ranges, np.int64)
+    work = _works(n_ranges)
     for g in prange(n_ranges):
-        held, spec = _work()
-        out = _pass(same, starts[g], starts[g + 1], slots, mask, k2, g2, sc, mscore, mark,
-                    batch, hold, r2, w2, new2, no_rows, nf, 0, s0, top, window, policy, epoch, clock,
-                    keep, (g + 1) * span, ek, er, ep, starts[g], late2, held, spec)
-        took[g], n_evs[g], made[g] = out[0], out[1], out[2]
-        for e in range(starts[g], starts[g] + n_evs[g]):
-            ev2[ep[e]] = e          # (the range's own positions)
+        if starts[g + 1] > starts[g]:
+            held, spec = _row_work(work, g)
+            out = _pass(same, starts[g], starts[g + 1], slots, mask, k2, g2, sc, mscore, mark,
+                        batch, hold, r2, w2, new2, no_rows, nf, 0, s0, top, window, policy,
+                        epoch, clock, keep, (g + 1) * span, ek, er, ep, starts[g], late2, held,
+                        spec)
+            took[g], n_evs[g], made[g] = out[0], out[1], out[2]
+            for e in range(starts[g], starts[g] + n_evs[g]):
+                ev2[ep[e]] = e      # (the range's own positions)
     taken = 0
     if fill:                        # the new rows, range by range (see range_rows)
         base = np.empty(n_ranges, np.int64)
@@ -604,12 +620,14 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
         again = np.zeros(n, np.bool_)
         n_evs2, made2 = np.zeros(n_ranges - 1, np.int64), np.zeros(n_ranges - 1, np.int64)
         for g in prange(n_ranges - 1):
-            held, spec = _work()
-            out = _pass(order2, starts2[g], starts2[g + 1], slots, mask, keys, given, scores,
-                        mscore, mark, batch, hold, rows, where, inserted, no_rows, 0, 0, limit,
-                        limit, window, policy, epoch, clock, keep, (g + 1) * span + span // 2,
-                        ek, er, ep, n + starts2[g], again, held, spec)
-            n_evs2[g], made2[g] = out[1], out[2]
+            if starts2[g + 1] > starts2[g]:
+                held, spec = _row_work(work, g)
+                out = _pass(order2, starts2[g], starts2[g + 1], slots, mask, keys, given,
+                            scores, mscore, mark, batch, hold, rows, where, inserted, no_rows, 0,
+                            0, limit, limit, window, policy, epoch, clock, keep,
+                            (g + 1) * span + span // 2, ek, er, ep, n + starts2[g], again, held,
+                            spec)
+                n_evs2[g], made2[g] = out[1], out[2]
         made[0] += made2.sum()
         late = late[(deferred[late] == n_ranges) | again[late]]
         deferred[late] = n_ranges

@@ -37,11 +37,12 @@ SORT_BLOCKS = 16     # blocks of positions by_range counts and places in paralle
 
 
 @njit(nogil=True, cache=True, parallel=True)
-def by_range(mask, keys, given, rows, where, n_ranges):
+def by_range(mask, keys, given, rows, where, n_ranges, with_given=True):
     """The positions grouped by range of the index, batch order in a range (present
     keys by their slot, absent ones by their home slot): ``(starts, rank, keys2,
     given2, rows2, where2)``: position i goes to place ``rank[i]``, range g's places
-    are ``starts[g]:starts[g + 1]``, and ``keys2`` ... hold ``keys`` ... in that order.
+    are ``starts[g]:starts[g + 1]``, and ``keys2`` ... hold ``keys`` ... in that order
+    (``given2`` is ``given`` itself unless ``with_given``: scores nobody reads).
 
     A stable counting sort on all threads: each of up to ``SORT_BLOCKS`` blocks of
     positions is counted per range, then placed after the earlier blocks' positions
@@ -67,13 +68,15 @@ def by_range(mask, keys, given, rows, where, n_ranges):
             o += k
     starts[n_ranges] = o
     rank = np.empty(n, np.int64)
-    k2, g2, r2, w2 = np.empty_like(keys), np.empty_like(given), np.empty_like(rows), \
-        np.empty_like(where)
+    k2, r2, w2 = np.empty_like(keys), np.empty_like(rows), np.empty_like(where)
+    g2 = np.empty_like(given) if with_given else given
     for c in prange(n_blocks):      # (a thread writes its blocks' stretch of each range)
         for i in range(c * step, min((c + 1) * step, n)):
             t = place[c, ids[i]]
             rank[i] = t
-            k2[t], g2[t], r2[t], w2[t] = keys[i], given[i], rows[i], where[i]
+            k2[t], r2[t], w2[t] = keys[i], rows[i], where[i]
+            if with_given:
+                g2[t] = given[i]
             place[c, ids[i]] = t + 1
     return starts, rank, k2, g2, r2, w2
 

@@ -328,6 +328,11 @@ def test_by_range_is_a_stable_sort_by_range(n):
     assert starts.tolist() == np.searchsorted(np.sort(ids), np.arange(n_ranges + 1)).tolist()
     for copy, a in ((k2, keys), (g2, given), (r2, rows), (w2, where)):
         assert copy.tolist() == a[order].tolist()
+    # scores nobody reads (a policy other than custom) are not copied
+    out = by_range(mask, keys, given, rows, where, n_ranges, False)
+    assert out[3] is given
+    for a, b in zip(out[:3] + out[4:], (starts, rank, k2, r2, w2)):
+        assert a.tolist() == b.tolist()
 
 
 @pytest.mark.parametrize("fill", [False, True])
