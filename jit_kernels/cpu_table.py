@@ -133,8 +133,10 @@ def find_or_insert_rows(slots, mask, keys, rows, inserted, alloc, free_rows, n_f
     """rows[i] = row of keys[i], inserting absent keys; inserted[i] marks the inserter."""
     n = keys.shape[0]
     for i in prange(n):
-        if i + AHEAD < n:
-            prefetch_slot(slots, mask, keys[i + AHEAD], True)
+        if i + AHEAD < n:           # its home slot and the slot 3 on, often the next
+            h = 16 * first_slot(keys[i + AHEAD], mask)    # line (an absent key's
+            prefetch_write(slots, h)                      # probe runs past its home
+            prefetch_write(slots, h + 48)                 # line a third of the time)
         rows[i], inserted[i] = find_or_insert_key(
             slots, mask, keys[i], alloc, free_rows, n_free, fresh_start)
 
