@@ -37,8 +37,8 @@ the index is not rebuilt for them and probe sequences stay short.  The pass runs
 batch order, serially (:func:`bounded_insert`) or, into a full table or one the call
 cannot fill, in ranges of the index on all threads (:func:`bounded_insert_ranges`,
 the serial result of the call reordered by range, its few keys near a range's end
-last, in shifted ranges and then serially): either way the result depends on the table and the call, never on the
-threads.
+last, in shifted ranges and then serially): either way the result depends on the
+table and the call, never on the threads.
 
 >>> import numpy as np
 >>> from jit_kernels.slots import empty_slots
@@ -491,15 +491,9 @@ def _foreseen(spec, t, h, mask, window):
 
 
 @njit(nogil=True, cache=True)
-def _work():
-    """:func:`_pass`'s work space on the CPU: ``(held, spec)``."""
-    return np.empty(DEFER_KEYS, np.int64), np.empty(SPEC, np.int64)
-
-
-@njit(nogil=True, cache=True)
 def _works(n):
-    """The work space of ``n`` passes at once (one allocation, not ``2 n``): row g is
-    ``held`` (``DEFER_KEYS``) then ``spec`` (``SPEC``), see :func:`_row_work`."""
+    """:func:`_pass`'s work space on the CPU for ``n`` passes, one allocation: row g,
+    ``(held, spec)`` = ``_row_work(work, g)``."""
     return np.empty((n, DEFER_KEYS + SPEC), np.int64)
 
 
@@ -526,7 +520,7 @@ def bounded_insert(slots, mask, keys, given, scores, mscore, mark, batch, hold, 
     consumed, size after)``.
     """
     n = keys.shape[0]
-    held, spec = _work()
+    held, spec = _row_work(_works(1), 0)
     taken, n_ev, d_deleted, size, _ = _pass(
         np.arange(n), 0, n, slots, mask, keys, given, scores, mscore, mark, batch, hold, rows,
         where, inserted, free_rows, n_free, fresh_start, size, limit, window, policy, epoch,
@@ -558,8 +552,8 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
     ones (ranges touch disjoint slots, rows and scores): it depends on the table and
     the call only.  ``deferred`` (n,) int64 receives each position's round: 0 the
     ranges, 1 + g the g-th shifted range, ``n_ranges`` the serial pass; the
-    evictions are reported in the order of the positions that made them.  Returns ``(rows taken, keys evicted, tombstones made minus consumed,
-    size after)``.
+    evictions are reported in the order of the positions that made them.  Returns
+    ``(rows taken, keys evicted, tombstones made minus consumed, size after)``.
     """
     n = keys.shape[0]
     fill = size < limit
@@ -632,7 +626,7 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
         late = late[(deferred[late] == n_ranges) | again[late]]
         deferred[late] = n_ranges
         e3 = n + m
-    held, spec = _work()
+    held, spec = _row_work(work, 0)       # (the ranges are done with it)
     nf, f0 = max(n_free - taken, 0), fresh_start + max(taken - n_free, 0)
     out = _pass(late, 0, late.shape[0], slots, mask, keys, given, scores, mscore, mark, batch,
                 hold, rows, where, inserted, free_rows, nf, f0, size + taken, limit, window, policy,

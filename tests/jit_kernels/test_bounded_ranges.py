@@ -295,7 +295,7 @@ def test_a_foreseen_victim_is_taken_only_while_it_is_the_window_s(monkeypatch):
         keys = np.where(rng.random(n) < 0.05, rng.choice(POOL, n), rng.integers(-3000, 3000, n))
         keys = keys.astype(np.int64)
         (slots, mask, keys), rows, where, new = t.start(keys)
-        held, spec = kb._work()
+        held, spec = kb._row_work(kb._works(1), 0)
         kb._pass.py_func(np.arange(n), 0, n, slots, mask, keys, rng.integers(0, 9, n),
                          t.scores, t.mscore, t.mark, t.batch, t.hold, rows, where, new,
                          t.free, t.free.shape[0], t.fresh, t.size, t.limit, t.window,
