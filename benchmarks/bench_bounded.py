@@ -6,7 +6,10 @@ Prints two Markdown tables.
    factor 1.0: every insert evicts the lowest-scored key of its window) against the
    same batches into an unbounded table holding the same number of keys (index at
    load <= 0.5 after the insert, no eviction), alternated in one process, median.
-   The issue's target: the bounded one within 1.5x.
+   The issue's target: the bounded one within 1.5x.  The floor, measured in the
+   same run, is what any table must do for such a batch without its index: write
+   the new keys' initial values into their rows and copy the rows out (the
+   unbounded table's own kernels on its rows of the batch; CPU only).
 2. Hit rates of a drifting Zipf stream (ids ``zipf(a) + drift * batch``, so the
    popular ids move) into a bounded table of ``--capacity`` keys with LRU and LFU,
    beside an exact LRU cache of the same size (an ``OrderedDict``): a hit is an id
@@ -59,21 +62,39 @@ def eviction_cost(args):
         i = next(batches) % (args.repeats + 2)
         return put(extra[i * b:(i + 1) * b])
 
-    t_plain, t_bounded = [], []
+    t_plain, t_bounded, t_floor = [], [], []
     for _ in range(args.repeats + 1):
         k = next_batch()
         t0 = time.perf_counter()
         plain.find_or_insert(k)
         sync()
         t_plain.append(time.perf_counter() - t0)
+        if args.device == "cpu":
+            t_floor.append(rows_floor(plain, k))
         plain.remove(k)
         t0 = time.perf_counter()
         bounded.find_or_insert(k)        # full: every key evicts one
         sync()
         t_bounded.append(time.perf_counter() - t0)
     tp, tb = statistics.median(t_plain[1:]), statistics.median(t_bounded[1:])
+    tf = statistics.median(t_floor[1:]) if t_floor else None
     assert bounded.size() == n
-    return tp, tb, plain.shards[0].n_full / plain.shards[0].capacity, fill
+    return tp, tb, tf, plain.shards[0].n_full / plain.shards[0].capacity, fill
+
+
+def rows_floor(plain, keys):
+    """Seconds to write the initial values of ``keys`` (all in ``plain``) into their
+    rows and copy the rows out, with the table's own kernels and no index work (the
+    values written are those already there: initial values depend on the key only)."""
+    shard = plain.shards[0]
+    rows = shard.find_rows(keys)
+    values, init = shard.values, shard.columns["values"].init
+    out = np.empty((keys.shape[0], values.shape[1]), values.dtype)
+    new = np.ones(keys.shape[0], np.bool_)
+    t0 = time.perf_counter()
+    shard._kernels.init_rows(values, rows, keys, new, *init)
+    shard._kernels.gather(values, rows, out)
+    return time.perf_counter() - t0
 
 
 def exact_lru_hits(stream, capacity, batch):
@@ -133,17 +154,21 @@ def main():
         args.keys, args.batch, args.repeats = 100_000, 10_000, 3
         args.stream, args.capacity = 200_000, 5_000
     import numba
-    tp, tb, load, fill = eviction_cost(args)
+    tp, tb, tf, load, fill = eviction_cost(args)
     print(f"keys {args.keys:,}; batch {args.batch:,} new keys; dim {args.dim}; evict "
           f"{args.evict}; device {args.device}; numba threads {numba.get_num_threads()}; "
           f"cpus {os.cpu_count()}; load average {os.getloadavg()[0]:.1f}; filling both "
           f"tables from empty: unbounded {fill[0]:.2f} s, bounded {fill[1]:.2f} s")
-    print("| find_or_insert of new keys | keys/s | ratio to unbounded | target |")
-    print("|---|---|---|---|")
+    floor = (lambda t: f"{t / tf:.2f}x") if tf else (lambda t: "")
+    print("| find_or_insert of new keys | keys/s | ratio to unbounded | time vs floor | target |")
+    print("|---|---|---|---|---|")
     print(f"| unbounded table (index load {load:.2f} after) | {args.batch / tp / 1e6:.2f} M/s "
-          "| 1.00x | |")
+          f"| 1.00x | {floor(tp)} | |")
     print(f"| bounded table, full (every insert evicts) | {args.batch / tb / 1e6:.2f} M/s | "
-          f"{tb / tp:.2f}x slower | <= 1.5x: {'PASS' if tb / tp <= 1.5 else 'MISS'} |")
+          f"{tb / tp:.2f}x slower | {floor(tb)} | <= 1.5x: {'PASS' if tb / tp <= 1.5 else 'MISS'} |")
+    if tf:
+        print(f"| floor: initial values into the batch's rows and the rows copied out, no index "
+              f"| {args.batch / tf / 1e6:.2f} M/s | | 1.00x | |")
     if not args.stream or args.device != "cpu":
         return
     stream = drifting_zipf(args.stream, args.stream_batch, args.zipf, args.drift)
