@@ -61,7 +61,8 @@ True
 import numpy as np
 from numba import njit, prange
 
-from .cpu_table import ROWS_AHEAD, prefetch_read, prefetch_row, prefetch_write, rehash
+from .cpu_table import (ROWS_AHEAD, prefetch_probe, prefetch_read, prefetch_row,
+                        prefetch_write, rehash)
 from .initializers import init_row
 from .bounded_groups import REPORT_CHUNK, by_range, report, shifted
 from .slots import DELETED, EMPTY, first_slot, next_slot
@@ -178,10 +179,8 @@ def find_present(slots, mask, keys, rows, where, mscore, mark, batch, hold):
     for i in prange(n):
         # requested ahead: the home slot of the key AHEAD on and, AHEAD / 2 on, the
         # slot's score copy and mark if the key sits there
-        if i + AHEAD < n:           # (and the line after it: a run often crosses)
-            h = first_slot(keys[i + AHEAD], mask)
-            prefetch_read(slots, 16 * h)
-            prefetch_read(slots, 16 * h + 48)
+        if i + AHEAD < n:
+            prefetch_probe(slots, mask, keys[i + AHEAD], False)
         if i + AHEAD // 2 < n:
             h = first_slot(keys[i + AHEAD // 2], mask)
             if slots[2 * h] == keys[i + AHEAD // 2]:

@@ -77,6 +77,20 @@ def prefetch_slot(slots, mask, key, write):
 
 
 @njit(nogil=True, cache=True)
+def prefetch_probe(slots, mask, key, write):
+    """Request the home slot of ``key`` and the slot 3 on: the next cache line for 3 of
+    the 4 places a slot can take in a line (at load 0.5 the probe of an absent key runs
+    past its home slot's line about a third of the time)."""
+    off = 2 * first_slot(key, mask) * slots.itemsize
+    if write:
+        prefetch_write(slots, off)
+        prefetch_write(slots, off + 6 * slots.itemsize)
+    else:
+        prefetch_read(slots, off)
+        prefetch_read(slots, off + 6 * slots.itemsize)
+
+
+@njit(nogil=True, cache=True)
 def prefetch_row(values, r, write):
     """Request every cache line of row ``r`` of a 2-D C-contiguous array."""
     width = values.shape[1] * values.itemsize
@@ -133,10 +147,8 @@ def find_or_insert_rows(slots, mask, keys, rows, inserted, alloc, free_rows, n_f
     """rows[i] = row of keys[i], inserting absent keys; inserted[i] marks the inserter."""
     n = keys.shape[0]
     for i in prange(n):
-        if i + AHEAD < n:           # its home slot and the slot 3 on, often the next
-            h = 16 * first_slot(keys[i + AHEAD], mask)    # line (an absent key's
-            prefetch_write(slots, h)                      # probe runs past its home
-            prefetch_write(slots, h + 48)                 # line a third of the time)
+        if i + AHEAD < n:
+            prefetch_probe(slots, mask, keys[i + AHEAD], True)
         rows[i], inserted[i] = find_or_insert_key(
             slots, mask, keys[i], alloc, free_rows, n_free, fresh_start)
 
