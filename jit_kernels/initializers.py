@@ -31,7 +31,11 @@ one 64-bit mix serves two columns, polynomials are evaluated by Estrin's scheme
 of its uniforms needs it.  3.6 ns a normal value (1.3 ns a uniform one) on one
 core of the 2-core development VM, against 6.5 ns for the float64 generator
 of sessions 1-5 (Acklam's rational approximation, a scalar ``log`` in the
-tails).
+tails).  A kernel built for one :class:`Kind` (what tables pass) inlines that
+kind's fill alone: rows of 64 float32 take 3.1-3.4 ns a normal value, 0.9 a
+uniform one, 0.24 a zero (3.5-3.7, 1.5 and 1.3 for the all-kinds build; rows
+of 8: 11, 5.9 and 0.56 against 16, 11 and 10, the per-row call and the short
+loops' scalar remainders).
 
 Kinds (``kind`` argument):
 
@@ -58,7 +62,7 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic, overload, typeof_impl
 
 from .bitcast import bits_f32, f32_bits
 from .halfs import sixteen, store
@@ -257,6 +261,36 @@ def init_value(stream, col, kind, a, b, const):
     return np.float64(a32 + mul(b32, min(max(normal_ppf(lo + mul(span, u)), -lim), lim)))
 
 
+class Kind(int):
+    """An initializer kind (:data:`ZEROS` ... :data:`TRUNCATED_NORMAL`) that kernels
+    compile for: an ``int`` in Python, ``Literal[int](kind)`` to Numba.
+
+    A kernel called with ``Kind(ZEROS)`` builds only the zero fill of :func:`init_row`,
+    not the normal draw's polynomials (a second of compile on a 2-core VM); one called
+    with a plain ``int`` builds every kind and picks one per call.  Each kind a kernel
+    meets is one more build of that kernel (the tables of a process seldom use more
+    than two).
+
+    >>> Kind(NORMAL) == 3, Kind(NORMAL) + 1
+    (True, 4)
+    """
+
+    def __new__(cls, kind):
+        if isinstance(kind, (bool, np.bool_)) or int(kind) not in range(5) or kind != int(kind):
+            raise ValueError(f"kind must be an int from 0 to 4, got {kind!r}")
+        self = super().__new__(cls, int(kind))
+        self._numba_type_ = types.IntegerLiteral(int(kind))   # read by Numba's typeof
+        return self
+
+    def __reduce__(self):
+        return Kind, (int(self),)
+
+
+@typeof_impl.register(Kind)
+def _typeof_kind(val, c):
+    return val._numba_type_
+
+
 def init_row(dst, key, kind, a, b, seed, const):
     """Fill ``dst`` (shape ``(dim,)``) with the initial values of ``key``.
 
@@ -265,17 +299,28 @@ def init_row(dst, key, kind, a, b, seed, const):
     64-bit mix for two columns; then each is transformed in place.  A normal row
     with no uniform in the far tails (80% of rows of 64) skips :func:`ppf_far`.
     16-bit float rows (:mod:`jit_kernels.halfs`) get the float32 values rounded
-    once.  Kernels compile only the variant their row dtype needs (an overload).
+    once.  Kernels compile only the variant their row dtype needs, and for a
+    :class:`Kind` only that kind's (an overload).
     """
     return (_init_row_16 if sixteen(dst) else _init_row_wide)(dst, key, kind, a, b, seed, const)
 
 
-@overload(init_row)
+@overload(init_row, prefer_literal=True)
 def _init_row_overload(dst, key, kind, a, b, seed, const):
     # calls of the (cached) dispatchers: each variant compiles once, only where needed
     if isinstance(dst, types.Array) and dst.dtype in (types.uint16, types.int16):
         return lambda dst, key, kind, a, b, seed, const: _init_row_16(dst, key, kind, a, b,
                                                                       seed, const)
+    fixed = kind.literal_value if isinstance(kind, types.IntegerLiteral) else None
+    if fixed == ZEROS:
+        return lambda dst, key, kind, a, b, seed, const: _fill_zeros(dst)
+    if fixed == CONSTANT:
+        return lambda dst, key, kind, a, b, seed, const: _fill_const(dst, const)
+    if fixed == UNIFORM:
+        return lambda dst, key, kind, a, b, seed, const: _init_uniform(dst, key, a, b, seed)
+    if fixed in (NORMAL, TRUNCATED_NORMAL):     # int(kind): one build for both
+        return lambda dst, key, kind, a, b, seed, const: _init_normal(dst, key, int(kind), a,
+                                                                      b, seed)
     return lambda dst, key, kind, a, b, seed, const: _init_row_wide(dst, key, kind, a, b,
                                                                     seed, const)
 
@@ -290,16 +335,33 @@ def _init_row_16(dst, key, kind, a, b, seed, const):
 
 @njit(**_opts)
 def _init_row_wide(dst, key, kind, a, b, seed, const):
-    """:func:`init_row` for float32 / float64 / integer rows."""
-    n = dst.shape[0]
+    """:func:`init_row` for float32 / float64 / integer rows, any kind."""
     if kind == ZEROS:
-        for c in range(n):
-            dst[c] = 0
-        return
-    if kind == CONSTANT:
-        for c in range(n):
-            dst[c] = const[c]
-        return
+        _fill_zeros(dst)
+    elif kind == CONSTANT:
+        _fill_const(dst, const)
+    elif kind == UNIFORM:
+        _init_uniform(dst, key, a, b, seed)
+    else:
+        _init_normal(dst, key, kind, a, b, seed)
+
+
+@njit(**_opts)
+def _fill_zeros(dst):
+    for c in range(dst.shape[0]):
+        dst[c] = 0
+
+
+@njit(**_opts)
+def _fill_const(dst, const):
+    for c in range(dst.shape[0]):
+        dst[c] = const[c]
+
+
+@njit(**_inline)
+def _uniforms(dst, key, seed):
+    """dst[c] = the key's uniform of column c (float32 values in (0, 1))."""
+    n = dst.shape[0]
     stream = key_stream(seed, key)
     for j in range(n >> 1):
         h = pair_bits(stream, j)
@@ -307,12 +369,23 @@ def _init_row_wide(dst, key, kind, a, b, seed, const):
         dst[2 * j + 1] = bits_to_uniform(h >> _S32)
     if n & 1:
         dst[n - 1] = uniform01(stream, n - 1)
+
+
+@njit(**_opts)
+def _init_uniform(dst, key, a, b, seed):
+    _uniforms(dst, key, seed)
+    a32 = _f(a)
+    d = _f(b) - a32
+    for c in range(dst.shape[0]):
+        dst[c] = a32 + mul(d, _f(dst[c]))
+
+
+@njit(**_opts)
+def _init_normal(dst, key, kind, a, b, seed):
+    """The normal (``kind`` NORMAL) or the normal cut at 2 sd (TRUNCATED_NORMAL)."""
+    _uniforms(dst, key, seed)
+    n = dst.shape[0]
     a32, b32 = _f(a), _f(b)
-    if kind == UNIFORM:
-        d = b32 - a32
-        for c in range(n):
-            dst[c] = a32 + mul(d, _f(dst[c]))
-        return
     lo, span, lim = normal_range(kind)
     far = False
     if kind == NORMAL:                   # (the truncated normal's p is never that far)

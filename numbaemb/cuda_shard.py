@@ -69,7 +69,8 @@ class CudaShard(IndexedRows):
 
     def _device_init(self, init):
         kind, a, b, seed, const = init
-        return (kind, a, b, seed, self.cuda.to_device(np.ascontiguousarray(const, np.float64)))
+        # a plain int, not a Kind: the CUDA kernels keep one build for every kind
+        return (int(kind), a, b, seed, self.cuda.to_device(np.ascontiguousarray(const, np.float64)))
 
     # ---- storage --------------------------------------------------------------------
     def _hbm_rows(self):

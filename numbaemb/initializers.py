@@ -29,11 +29,13 @@ class Initializer:
     kind = -1
 
     def params(self, dim: int, seed: int) -> Tuple[int, float, float, int, np.ndarray]:
-        """Kernel parameters ``(kind, a, b, seed, const)`` for a table of width ``dim``."""
+        """Kernel parameters ``(kind, a, b, seed, const)`` for a table of width ``dim``
+        (``kind`` a :class:`jit_kernels.initializers.Kind`: CPU kernels build that kind's
+        initializer only)."""
         own = getattr(self, "seed", None)
         a, b = self._ab()
-        return (self.kind, float(a), float(b), _as_seed(seed if own is None else own),
-                self._const(dim))
+        return (_k.Kind(self.kind), float(a), float(b),
+                _as_seed(seed if own is None else own), self._const(dim))
 
     def _ab(self):
         return 0.0, 0.0

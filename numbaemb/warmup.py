@@ -81,6 +81,13 @@ def _variable(ne, key_dtype, value_dtype, name, **kw):
     return ne.Variable(4, key_dtype=key_dtype, value_dtype=value_dtype, name=name, **kw)
 
 
+def _inits(ne):
+    """One initializer of each kind (Zeros first)."""
+    i = ne.initializers
+    return (i.Zeros(), i.Constant(0.5), i.RandomUniform(seed=1), i.RandomNormal(seed=1),
+            i.TruncatedNormal(seed=1))
+
+
 def _warm_table(ne, segment, key_dtype, value_dtype, timed):
     """Every table op once, on 100 keys (and a growth past 1 MB of columns)."""
     keys = np.arange(-50, 50, dtype=key_dtype)
@@ -95,6 +102,18 @@ def _warm_table(ne, segment, key_dtype, value_dtype, timed):
     timed("remove", lambda: v.remove(keys[:10]))
     if segment.PARALLEL_MIN == 0:       # columns past 1 MB start the page populator
         timed("table growth", lambda: v.find_or_insert(np.arange(300_000, dtype=key_dtype)))
+    # the kernels that draw initial values build one kind of initializer each
+    # (jit_kernels.initializers.Kind): every kind's builds
+    for init in _inits(ne):
+        w = _variable(ne, key_dtype, value_dtype, "warmup_init", initializer=init)
+
+        def run():
+            w.find_or_insert(keys)
+            w.remove(keys[:10])
+            w.find_or_insert(keys[::-1].copy())         # rows from the free list
+            w.lookup(keys + 100)
+            ne.optimizers.apply_gradients(w, ne.optimizers.SGD(0.1), keys + 200, grads, step=1)
+        timed(f"initial values: {type(init).__name__}", run)
 
 
 def _warm_optimizers(ne, segment, key_dtype, value_dtype, timed):
@@ -159,6 +178,11 @@ def _warm_bounded(ne, segment, key_dtype, value_dtype, timed):
                                           np.arange(50, 70, dtype=key_dtype),
                                           np.ones((20, 4), value_dtype), step=1)
         timed("bounded tables", run)
+        for init in _inits(ne)[1:]:                  # (each kind's build)
+            w = _variable(ne, key_dtype, value_dtype, "warm_bounded_init", max_capacity=40,
+                          initializer=init)
+            timed(f"bounded tables: {type(init).__name__}",
+                  lambda: w.find_or_insert(np.arange(60, dtype=key_dtype)))
     finally:
         kb.RANGE_SLOTS, kb.RANGES_MIN = saved
 

@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+import numba
 from numba import njit
 
 from jit_kernels import cpu_table
 from jit_kernels.initializers import (CONSTANT, NORMAL, TRUNCATED_NORMAL, UNIFORM, ZEROS,
-                                      init_row, init_value, key_stream, log32, normal_ppf,
+                                      Kind, init_row, init_value, key_stream, log32, normal_ppf,
                                       uniform01)
 from jit_kernels.slots import empty_slots
 
@@ -103,6 +104,50 @@ def test_seed_and_key_change_the_values():
     assert len(np.unique(a)) == a.size
     # initial values are float32 numbers: float32 and float64 tables hold the same
     np.testing.assert_array_equal(draw(keys, NORMAL, 0.0, 1.0, 1, 4, np.float32), a)
+
+
+@njit
+def fill_rows(out, keys, kind, a, b, seed, const):
+    for i in range(keys.shape[0]):
+        init_row(out[i], keys[i], kind, a, b, seed, const)
+
+
+@pytest.mark.parametrize("kind, a, b", [(ZEROS, 9.0, 9.0), (CONSTANT, 9.0, 9.0)] + RANDOM_KINDS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_kind_builds_only_its_initializer(kind, a, b, dtype):
+    """A kernel called with a Kind compiles that kind's fill alone (not the normal draw's
+    polynomials, a second of compile) and gives the bits of the all-kinds build."""
+    keys = np.array([INT64_MIN, -1, 0, 5, INT64_MAX, 2 ** 40 + 3], np.int64)
+    const = np.linspace(-2.0, 3.0, 67)
+    rows = {}
+    for k in (kind, Kind(kind)):
+        rows[type(k)] = np.full((keys.size, 67), np.nan, dtype)
+        fill_rows(rows[type(k)], keys, k, a, b, 7, const)
+    np.testing.assert_array_equal(rows[Kind], rows[int])
+    if kind in (UNIFORM, NORMAL, TRUNCATED_NORMAL):
+        want = np.stack([py_init_row(int(x), kind, a, b, 7, 67) for x in keys])
+        np.testing.assert_array_equal(rows[Kind], want.astype(dtype))
+    else:
+        assert (rows[Kind] == (0 if kind == ZEROS else const.astype(dtype))).all()
+    sigs = {getattr(s[2], "literal_value", "int"): s for s in fill_rows.signatures
+            if s[0].dtype == numba.from_dtype(dtype)}
+    assert sigs.keys() >= {kind, "int"} and sigs["int"][2] == numba.int64
+    built = fill_rows.inspect_llvm(sigs[kind])
+    assert ("_init_normal" in built) == (kind in (NORMAL, TRUNCATED_NORMAL))
+    assert ("_init_uniform" in built) == (kind == UNIFORM)
+    generic = fill_rows.inspect_llvm(sigs["int"])
+    assert "_init_normal" in generic and "_init_uniform" in generic
+
+
+def test_kind_is_an_int_checked_and_pickled():
+    import pickle
+    assert Kind(NORMAL) == NORMAL and isinstance(Kind(ZEROS), int)
+    assert pickle.loads(pickle.dumps(Kind(UNIFORM))) == UNIFORM
+    assert type(pickle.loads(pickle.dumps(Kind(UNIFORM)))) is Kind
+    assert np.array([Kind(NORMAL), Kind(ZEROS)]).dtype == np.int64
+    for bad in (5, -1, 2.5, True):
+        with pytest.raises(ValueError, match="kind must be an int from 0 to 4"):
+            Kind(bad)
 
 
 def test_zeros_and_constant():

@@ -14,11 +14,13 @@ from numba.core.dispatcher import Dispatcher
 ids = np.random.default_rng(0).integers(-2**62, 2**62, int(sys.argv[1]))
 mode = sys.argv[2] if len(sys.argv) > 2 else ""
 bound = {"max_capacity": ids.size // 2} if mode == "bounded" else {}
+# not the default initializer: kernels built for its kind
+init = ne.initializers.RandomUniform(-0.1, 0.1) if mode == "uniform" else None
 if mode == "strings":
     v = ne.Variable(dim=8, key_dtype="string")
     ids = ids.astype(str).astype(object)
 else:
-    v = ne.Variable(dim=8, **bound)
+    v = ne.Variable(dim=8, initializer=init, **bound)
 v.find_or_insert(ids); v.lookup(ids)
 ne.optimizers.apply_gradients(v, ne.optimizers.Adam(1e-3),
                               v.ids(ids, insert=True) if mode == "strings" else ids,
@@ -59,7 +61,7 @@ def test_after_warmup_the_table_job_compiles_nothing():
     out = run("-m", "numbaemb.warmup", "-q", "--jobs", "1").stderr
     assert "compiled and cached" in out
     for args in (("1000",), ("300000",), ("1000", "bounded"), ("10000", "bounded"),
-                 ("1000", "strings")):
+                 ("1000", "strings"), ("1000", "uniform"), ("300000", "uniform")):
         got = json.loads(run("-c", JOB, *args).stdout.strip().splitlines()[-1])
         assert got["misses"] == 0 and got["hits"] > 0, (args, got)
 
