@@ -367,6 +367,23 @@ def test_export_slots(n_chunks):
     assert set(keys.tolist()) == set(ks) - set(ks[::4])
 
 
+@pytest.mark.parametrize("n_chunks", [1, 7, 64])
+def test_export_by_row_builds_agree(n_chunks):
+    """Small indexes run the serial build of export_by_row, large ones the parallel one:
+    each gives every live (key, row) once, rows ascending; erased keys' rows are gone."""
+    slots = empty_slots(1 << 14)
+    ks = EXTREMES + list(range(-5000, 5000, 7))
+    rows = insert(slots, ks)[0]
+    k.erase_keys(slots, (1 << 14) - 1, batch(ks[::5]), np.empty(len(ks[::5]), np.int64))
+    live = index_map(slots)
+    got = [build(slots, int(rows.max()) + 1, n_chunks)
+           for build in (k.export_by_row.serial, k.export_by_row.parallel)]
+    for keys, r in got:
+        assert r.tolist() == sorted(live.values())
+        assert dict(zip(keys.tolist(), r.tolist())) == live
+    assert k.export_by_row.serial is not k.export_by_row.parallel
+
+
 def test_export_empty():
     keys, rows = k.export_slots(empty_slots(16), 64)
     assert keys.shape == (0,) and rows.shape == (0,)
