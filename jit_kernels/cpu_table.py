@@ -288,7 +288,9 @@ def export_slots(slots, n_chunks):
             if is_full(slots[2 * s + 1]):
                 n += 1
         counts[k + 1] = n
-    offsets = np.cumsum(counts)
+    offsets = counts                      # prefix sums in place (np.cumsum: 0.2 s to compile)
+    for c in range(n_chunks):
+        offsets[c + 1] += offsets[c]
     keys = np.empty(offsets[-1], np.int64)
     rows = np.empty(offsets[-1], np.int64)
     for k in prange(n_chunks):
@@ -339,7 +341,9 @@ def export_by_row(slots, n_rows, n_chunks):
             if live[r]:
                 m += 1
         counts[c + 1] = m
-    offsets = np.cumsum(counts)
+    offsets = counts                      # prefix sums in place (np.cumsum: 0.2 s to compile)
+    for c in range(n_chunks):
+        offsets[c + 1] += offsets[c]
     keys = np.empty(offsets[-1], np.int64)
     rows = np.empty(offsets[-1], np.int64)
     for c in prange(n_chunks):
