@@ -367,8 +367,8 @@ def _uniforms(dst, key, seed):
         h = pair_bits(stream, j)
         dst[2 * j] = bits_to_uniform(h & _LOW32)
         dst[2 * j + 1] = bits_to_uniform(h >> _S32)
-    if n & 1:
-        dst[n - 1] = uniform01(stream, n - 1)
+    if n & 1:                 # (uniform01(stream, n - 1), without its two compiles)
+        dst[n - 1] = bits_to_uniform(pair_bits(stream, n >> 1) & _LOW32)
 
 
 @njit(**_opts)
