@@ -257,6 +257,8 @@ def test_twin_covers_both_polynomials():
     want = np.stack([py_init_row(x, NORMAL, 0.0, 1.0, 17, 70) for x in keys])
     np.testing.assert_array_equal(rows, want)
     np.testing.assert_array_equal(draw(keys, NORMAL, 0.0, 1.0, 17, 70, np.float32), want)
+    for dtype in (np.float64, np.float32):          # the normal kind's own build
+        np.testing.assert_array_equal(draw(keys, Kind(NORMAL), 0.0, 1.0, 17, 70, dtype), want)
     assert (rows < -2.94).sum() > 40 and (rows > 2.94).sum() > 40
     assert np.abs(rows).max() > 4.0
 
