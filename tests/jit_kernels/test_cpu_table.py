@@ -384,6 +384,22 @@ def test_export_by_row_builds_agree(n_chunks):
     assert k.export_by_row.serial is not k.export_by_row.parallel
 
 
+@pytest.mark.parametrize("owners", [1, 2, 3])
+def test_assign_rows_builds_last_write_wins(owners):
+    """Both builds of assign_rows (the serial one for small batches) give each repeated
+    row the batch's last value for it, as a Python loop does."""
+    rng = np.random.default_rng(owners)
+    rows = rng.integers(0, 50, 3000)
+    src = rng.standard_normal((rows.size, 5)).astype(np.float32)
+    want = np.zeros((50, 5), np.float32)
+    for i, r in enumerate(rows):
+        want[r] = src[i]
+    for build in (k.assign_rows.serial, k.assign_rows.parallel):
+        got = np.zeros((50, 5), np.float32)
+        build(got, rows, src, owners)
+        np.testing.assert_array_equal(got, want)
+
+
 def test_export_empty():
     keys, rows = k.export_slots(empty_slots(16), 64)
     assert keys.shape == (0,) and rows.shape == (0,)
