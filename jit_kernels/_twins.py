@@ -35,19 +35,22 @@ def serial_twin(dispatcher):
 class BySize:
     """A parallel driver and its serial twin, called alike: the twin while the call's
     work (``args[n_arg].shape[0]`` items, each ``args[width_arg].shape[1] // 2`` units
-    when given: a row of that width) is below ``PARALLEL_MIN``.  Other attributes are
-    the parallel dispatcher's.  Either build compiles on its first use only."""
+    when given: a row of that width) is below ``PARALLEL_MIN``; ``serial_args(args)``,
+    when given, the twin's arguments instead of ``args`` (e.g. one thread's share where
+    the caller names a thread count).  Other attributes are the parallel dispatcher's.
+    Either build compiles on its first use only."""
 
-    def __init__(self, parallel, n_arg, width_arg=None):
+    def __init__(self, parallel, n_arg, width_arg=None, serial_args=None):
         self.parallel, self.serial = parallel, serial_twin(parallel)
-        self._n, self._w = n_arg, width_arg
+        self._n, self._w, self._serial_args = n_arg, width_arg, serial_args
         functools.update_wrapper(self, parallel.py_func, updated=())
 
     def __call__(self, *args):
         from .segment import threads_for
         cost = 1 if self._w is None else max(1, args[self._w].shape[1] // 2)
-        serial = threads_for(args[self._n].shape[0], cost) == 1
-        return (self.serial if serial else self.parallel)(*args)
+        if threads_for(args[self._n].shape[0], cost) > 1:
+            return self.parallel(*args)
+        return self.serial(*(args if self._serial_args is None else self._serial_args(args)))
 
     def __getattr__(self, name):
         return getattr(self.parallel, name)

@@ -391,13 +391,22 @@ def test_assign_rows_builds_last_write_wins(owners):
     rng = np.random.default_rng(owners)
     rows = rng.integers(0, 50, 3000)
     src = rng.standard_normal((rows.size, 5)).astype(np.float32)
-    want = np.zeros((50, 5), np.float32)
-    for i, r in enumerate(rows):
-        want[r] = src[i]
+    want = _last(rows, src)
     for build in (k.assign_rows.serial, k.assign_rows.parallel):
         got = np.zeros((50, 5), np.float32)
         build(got, rows, src, owners)
         np.testing.assert_array_equal(got, want)
+    for n in (20, rows.size):       # the driver: the serial build (one owner) below its cut
+        got = np.zeros((50, 5), np.float32)
+        k.assign_rows(got, rows[:n], src[:n], owners)
+        np.testing.assert_array_equal(got, _last(rows[:n], src[:n]))
+
+
+def _last(rows, src):
+    out = np.zeros((50, src.shape[1]), src.dtype)
+    for i, r in enumerate(rows):
+        out[r] = src[i]
+    return out
 
 
 def test_export_empty():
