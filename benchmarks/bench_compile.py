@@ -143,20 +143,41 @@ def child(scenario):
     print(json.dumps({"times": times, **_counts()}), flush=True)
 
 
-def run(scenario, cache_dir, prebuilt="0", extra_env=None):
+def _start(scenario, cache_dir, prebuilt="0", extra_env=None):
     env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir, TF_CPP_MIN_LOG_LEVEL="3",
                NUMBAEMB_PREBUILT=prebuilt,
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.update(extra_env or {})
-    t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", scenario],
-                         capture_output=True, text=True, timeout=1800, env=env, cwd=ROOT)
-    wall = time.perf_counter() - t0
-    if out.returncode:
-        sys.exit(f"{scenario} failed:\n{out.stderr[-3000:]}")
-    res = json.loads(out.stdout.strip().splitlines()[-1])
-    res["process"] = wall
+    return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", scenario],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=ROOT)
+
+
+def _result(scenario, proc, t0):
+    out, err = proc.communicate(timeout=1800)
+    if proc.returncode:
+        sys.exit(f"{scenario} failed:\n{err[-3000:]}")
+    res = json.loads(out.strip().splitlines()[-1])
+    res["process"] = time.perf_counter() - t0
     return res
+
+
+def run(scenario, cache_dir, prebuilt="0", extra_env=None):
+    t0 = time.perf_counter()
+    return _result(scenario, _start(scenario, cache_dir, prebuilt, extra_env), t0)
+
+
+def run_together(n, lock):
+    """The table job in ``n`` processes started at once on one empty cache (ranks or
+    test workers on a fresh node); ``lock``: kernels compiled once across them
+    (``jit_kernels._compile_lock``, the default) or by every process (Numba's way).
+    Returns (wall s, kernels compiled in all)."""
+    with tempfile.TemporaryDirectory(prefix="numba-cache-") as cache:
+        t0 = time.perf_counter()
+        procs = [_start("table", cache, extra_env={"NUMBAEMB_COMPILE_LOCK": "1" if lock else "0"})
+                 for _ in range(n)]
+        res = [_result("table", p, t0) for p in procs]
+        return time.perf_counter() - t0, sum(r["cache_misses"] for r in res)
 
 
 def prebuild(build_dir):
@@ -178,6 +199,9 @@ def main():
     ap.add_argument("--no-tf", action="store_true")
     ap.add_argument("--no-cudasim", action="store_true")
     ap.add_argument("--no-prebuilt", action="store_true", help="skip the prebuilt column")
+    ap.add_argument("--together", type=int, default=4, metavar="N",
+                    help="also run the table job in N processes at once on one empty cache "
+                         "(0: skip)")
     args = ap.parse_args()
     if args.child:
         return child(args.child)
@@ -194,6 +218,8 @@ def main():
                 warm = run(sc, cache)
             rows.append((sc, cold, seeded, warm))
             print(f"{sc} done", file=sys.stderr, flush=True)
+    together = [(n, lock, *run_together(n, lock)) for n in sorted({1, args.together}) if n
+                for lock in (True, False)] if args.together else []
     import numba
     print(f"Python {sys.version.split()[0]}, numba {numba.__version__}, cpus {os.cpu_count()}, "
           f"load average {os.getloadavg()[0]:.1f}; each column a new process, cold: empty "
@@ -231,6 +257,16 @@ def main():
                   f"called kernels included), {sum(cold['compile_s'].values()):.1f} s in all: "
                   + ", ".join(f"{k} {v:.1f}" for k, v in top))
     print()
+    if together:
+        print("The table job in N processes started at once on one empty cache (ranks or "
+              "test workers on a fresh node):")
+        print()
+        print("| N processes | kernels compiled | wall s | kernel signatures compiled in all |")
+        print("|---:|---|---:|---:|")
+        for n, lock, wall, compiled in together:
+            print(f"| {n} | {'once across them (default)' if lock else 'by each (NUMBAEMB_COMPILE_LOCK=0)'}"
+                  f" | {wall:.2f} | {compiled} |")
+        print()
 
     def verdict(t, target):
         return f"{t:.2f} s ({'PASS' if t <= target else 'MISS'} vs {target} s)"

@@ -29,6 +29,8 @@ import hashlib
 import inspect
 import os
 
+from . import _compile_lock
+
 _DIRS = []              # registered package directories (absolute, normalised)
 _HASHED = []            # those whose sources make the fingerprint
 _BASES = ("UserProvidedCacheLocator", "InTreeCacheLocator", "UserWideCacheLocator")
@@ -36,7 +38,7 @@ _BASES = ("UserProvidedCacheLocator", "InTreeCacheLocator", "UserWideCacheLocato
 
 # files of jit_kernels that define and inline no compiled code (build and cache
 # plumbing): editing them must not recompile every kernel
-_NO_KERNELS = ("_build.py", "_cache.py", "prebuilt.py")
+_NO_KERNELS = ("_build.py", "_cache.py", "_compile_lock.py", "prebuilt.py")
 
 
 def _sources(dirs):
@@ -131,6 +133,7 @@ def register(directory, hashed=True):
     if not any(issubclass(c, _PackageStamp) for c in impl._locator_classes):
         impl._locator_classes[:0] = ours
     _lock_saves()
+    _compile_lock.install(lambda cache: getattr(cache, "_numbaemb_ours", False))
     return True
 
 
@@ -184,6 +187,7 @@ def _lock_saves():
             mine = _ours(inspect.getfile(py_func))
         except TypeError:
             mine = False
+        self._numbaemb_ours = mine       # compiled once across processes (_compile_lock)
         if mine and type(getattr(self, "_cache_file", None)) is index_cls:
             self._cache_file.__class__ = LockedIndex
 

@@ -1,0 +1,164 @@
+"""Compile each kernel once across processes that share a Numba cache directory.
+
+Ranks of a distributed job on a fresh node, test workers and ``python -m
+numbaemb.warmup`` start cold together and need the same kernels in the same
+order: without coordination every process compiles every kernel (4 ranks on 2
+cores: four times the work on two cores).  With :func:`install`, a process that
+misses the cache for a function of a registered directory (:mod:`jit_kernels._cache`)
+takes an exclusive ``flock`` on a lock file for that function and signature
+(beside the function's index: ``<index>.<key hash>.compiling``), looks in the cache
+again (the holder before it may have saved the kernel meanwhile: it then loads it,
+milliseconds) and otherwise compiles and saves it before it lets go.  Numba's own
+functions and the user's are left alone.
+
+Safety: the lock is released when the save is done, when the compile fails (a
+``numba:compile`` event that ends with an exception: typing errors, the literal
+retry), and by the OS when the process dies.  Locks are taken callers before
+callees (a kernel's compile types its callees), and the call graph has no cycles,
+so processes cannot wait on each other in a ring.  A process waits at most
+``NUMBAEMB_COMPILE_WAIT`` seconds (default 600) for another one, then compiles
+itself; where files cannot be locked it compiles as Numba does.
+``NUMBAEMB_COMPILE_LOCK=0`` turns it off.
+
+>>> import jit_kernels              # installs it for jit_kernels' and numbaemb's kernels
+>>> installed()
+True
+"""
+import hashlib
+import os
+import time
+
+_HELD = {}              # id(cache) -> [fd, ...]: the locks this process holds (LIFO)
+_STATE = {"installed": False}
+
+
+def _enabled():
+    return os.environ.get("NUMBAEMB_COMPILE_LOCK", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _max_wait():
+    try:
+        return float(os.environ.get("NUMBAEMB_COMPILE_WAIT", "600"))
+    except ValueError:
+        return 600.0
+
+
+def acquire(path, max_wait=None):
+    """An open fd holding an exclusive ``flock`` on ``path`` (created), polling while
+    another process holds it, for at most ``max_wait`` s; None on timeout or where
+    files cannot be locked."""
+    try:
+        import fcntl
+        fd = os.open(path, os.O_CREAT | os.O_RDWR | getattr(os, "O_CLOEXEC", 0), 0o666)
+    except (ImportError, OSError):
+        return None
+    deadline = time.monotonic() + (_max_wait() if max_wait is None else max_wait)
+    pause = 0.002
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+        except OSError:
+            break
+    os.close(fd)
+    return None
+
+
+def release(fd):
+    """Unlock and close an fd from :func:`acquire` (closing drops the lock)."""
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _lock_path(cache, sig, target_context):
+    key = cache._index_key(sig, target_context.codegen())
+    digest = hashlib.sha256(repr(key).encode()).hexdigest()[:20]
+    return f"{cache._cache_file._index_path}.{digest}.compiling"
+
+
+def _pop(cache):
+    held = _HELD.get(id(cache))
+    if held:
+        release(held.pop())
+        if not held:
+            del _HELD[id(cache)]
+
+
+def _forget_in_child():
+    """A forked child closes its copies of the parent's locks: a lock is let go only
+    when every copy of its fd is closed, so the child would hold the parent's lock."""
+    for held in _HELD.values():
+        for fd in held:
+            release(fd)
+    _HELD.clear()
+
+
+def install(is_ours):
+    """Make the on-disk caches of the functions ``is_ours(cache)`` accepts compile
+    once across processes (idempotent; nothing when ``NUMBAEMB_COMPILE_LOCK=0``).
+    True if installed."""
+    if _STATE["installed"]:
+        return True
+    if not _enabled():
+        return False
+    try:
+        from numba.core import caching, event
+        cls = caching.FunctionCache
+        load, save = cls.load_overload, cls.save_overload
+        cls._index_key              # noqa: B018 (the key this relies on)
+    except (ImportError, AttributeError):
+        return False
+
+    def load_overload(self, sig, target_context):
+        cres = load(self, sig, target_context)
+        if cres is not None or not is_ours(self):
+            return cres
+        try:
+            path = _lock_path(self, sig, target_context)
+        except Exception:           # a Numba whose internals differ: compile as Numba does
+            return None
+        fd = acquire(path)
+        if fd is None:
+            return None
+        cres = load(self, sig, target_context)   # saved by the holder before us?
+        if cres is not None:
+            release(fd)
+            return cres
+        _HELD.setdefault(id(self), []).append(fd)  # released by the save or a failed compile
+        return None
+
+    def save_overload(self, sig, data):
+        try:
+            save(self, sig, data)
+        finally:
+            _pop(self)
+
+    class _FailedCompiles(event.Listener):
+        def on_start(self, evt):
+            pass
+
+        def on_end(self, evt):
+            # the exception, if any (Numba 0.68's ``is_failed`` answers the opposite)
+            if getattr(evt, "_exc_details", None) is not None:
+                cache = getattr(evt.data.get("dispatcher"), "_cache", None)
+                if cache is not None:
+                    _pop(cache)
+
+    cls.load_overload, cls.save_overload = load_overload, save_overload
+    event.register("numba:compile", _FailedCompiles())
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_forget_in_child)
+    _STATE["installed"] = True
+    return True
+
+
+def installed():
+    """True once :func:`install` has patched Numba's function caches."""
+    return _STATE["installed"]
