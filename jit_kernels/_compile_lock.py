@@ -30,6 +30,22 @@ import time
 
 _HELD = {}              # id(cache) -> [fd, ...]: the locks this process holds (LIFO)
 _STATE = {"installed": False}
+_FIRST_MISS = []        # callbacks for this process's first compile of one of ours
+
+
+def on_first_miss(callback):
+    """Run ``callback(py_func)`` once, when this process is about to compile the first
+    of our functions that is not in the cache (a cold start): e.g. to start
+    compiling other kernels in a helper process (:mod:`numbaemb._ahead`)."""
+    _FIRST_MISS.append(callback)
+
+
+def _missed(cache):
+    while _FIRST_MISS:
+        try:
+            _FIRST_MISS.pop(0)(cache._py_func)
+        except Exception:       # a helper that cannot start must not fail the compile
+            pass
 
 
 def _enabled():
@@ -123,15 +139,16 @@ def install(is_ours):
         try:
             path = _lock_path(self, sig, target_context)
         except Exception:           # a Numba whose internals differ: compile as Numba does
+            _missed(self)
             return None
         fd = acquire(path)
-        if fd is None:
-            return None
-        cres = load(self, sig, target_context)   # saved by the holder before us?
-        if cres is not None:
-            release(fd)
-            return cres
-        _HELD.setdefault(id(self), []).append(fd)  # released by the save or a failed compile
+        if fd is not None:
+            cres = load(self, sig, target_context)   # saved by the holder before us?
+            if cres is not None:
+                release(fd)
+                return cres
+            _HELD.setdefault(id(self), []).append(fd)  # released by the save or a failed compile
+        _missed(self)
         return None
 
     def save_overload(self, sig, data):

@@ -71,9 +71,19 @@ PARALLEL_MIN = _env_int("NUMBAEMB_PARALLEL_MIN", 1 << 18)
 ROW_COST = 256
 
 
+_LAST_SIZE = [0]
+
+
+def last_size():
+    """The ``n`` of the latest :func:`threads_for` call (the batch a driver is about to
+    run: what a cold start's helper sizes its kernels by, :mod:`numbaemb._ahead`)."""
+    return _LAST_SIZE[0]
+
+
 def threads_for(n, cost=1):
     """Threads a driver should use for ``n`` elements of ``cost`` each: 1 while
     ``n * cost < PARALLEL_MIN``, else ``numba.get_num_threads()``."""
+    _LAST_SIZE[0] = n
     if n * cost < PARALLEL_MIN:
         return 1
     return numba.get_num_threads()

@@ -36,6 +36,11 @@ from jit_kernels import prebuilt as _prebuilt  # noqa: E402
 
 _prebuilt.seed()        # kernels a wheel build compiled: into Numba's cache, once
 
+from jit_kernels import _compile_lock  # noqa: E402
+from . import _ahead  # noqa: E402
+
+_compile_lock.on_first_miss(_ahead.start)   # a cold start: the step's kernels on another core
+
 from . import initializers, policies  # noqa: E402
 from ._memory import aligned_empty, is_aligned  # noqa: E402
 from .sharding import default_partitioner  # noqa: E402

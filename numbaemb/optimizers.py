@@ -25,7 +25,7 @@ import numpy as np
 from jit_kernels import optimizers as _k
 from jit_kernels.segment import segment_sum, unique_inverse
 
-from . import _checks
+from . import _ahead, _checks
 from .admission import admitted
 from .expiry import mark_updated
 from .initializers import Constant, Zeros
@@ -62,6 +62,7 @@ class Optimizer:
             elif not isinstance(value, (bool, np.bool_)):
                 raise TypeError(f"{f.name} must be a bool, got {type(value).__name__}")
             object.__setattr__(self, f.name, type(f.default)(value))
+        _ahead.note_optimizer(self)         # what a cold start's helper compiles for
 
     def slots(self):
         """Slot columns this configuration uses: a tuple of ``(name, initial value)``."""

@@ -23,7 +23,7 @@ import numpy as np
 
 from jit_kernels.segment import unique_inverse
 
-from . import _checks
+from . import _ahead, _checks
 from . import initializers as inits
 from ._device import DeviceArrays, HostArrays, parse_device
 from ._lock import RWLock
@@ -179,6 +179,7 @@ class Variable:
             self._arrays = HostArrays()
             self.shards = [Shard(self.dim, self._store, params, per_shard)
                            for _ in range(self.num_shards)]
+            _ahead.note_table(self)     # what a cold start's helper compiles for
         else:
             from .cuda_shard import CudaShard
             self._arrays = DeviceArrays(device_id)

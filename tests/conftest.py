@@ -5,6 +5,11 @@ Hypothesis profiles: ``ci`` (default, sized for 2 cores) and ``long``
 """
 import os
 
+# no compile-ahead helper processes (numbaemb._ahead) in tests or the processes they
+# start, so compile counts and timings are the process's own; tests/numbaemb/test_ahead.py
+# turns it on where it is the subject
+os.environ.setdefault("NUMBAEMB_COMPILE_AHEAD", "0")
+
 from hypothesis import HealthCheck, settings
 
 settings.register_profile("ci", max_examples=60, deadline=None,

@@ -1,0 +1,131 @@
+"""Compile ahead: a cold process's training-step kernels, compiled on another core.
+
+A process that starts with an empty cache compiles each kernel when it first
+calls it, one after the other on one core: a table's first ``find_or_insert``,
+then ``lookup``, then the optimizer step (the unique / segment-sum pass and the
+optimizer's row loop).  Numba compiles under one process-wide lock, so a thread
+cannot compile beside it; another process can.  At this process's first compile
+of one of numbaemb's kernels (:func:`jit_kernels._compile_lock.on_first_miss`),
+:func:`start` launches ``python -m numbaemb._ahead PLAN``, which compiles, into
+the same cache, what the process will need after its inserts and lookups: the
+optimizer's row loop (the last optimizer created, else Adam), the segment sum,
+the unique pass, then a table's inserts, for the last table created (its key and
+value dtypes, dim, initializer) and the batch size about to run.  The two
+processes never compile one kernel twice: whichever comes second waits for the
+first one's and loads it (:mod:`jit_kernels._compile_lock`).  A kernel the helper
+guessed wrong is compiled on the side core for nothing and costs this process
+nothing.
+
+It starts only on a cache miss (never in a warm process), once a process, with
+two CPUs or more, not under MPI (``mpi4py.MPI`` imported: ranks already share
+their compiles through the locks), not in a frozen application and not with
+``NUMBAEMB_COMPILE_AHEAD=0``.  The
+helper runs detached and silent, and ends when its list is done.
+
+>>> plan()["optimizer"][0] in ("Adam", "SGD", "Adagrad", "Ftrl", "RMSprop")
+True
+"""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import threading
+import weakref
+
+_LAST = {"table": None, "optimizer": None, "helper": None}
+_MAX_ROWS = 1 << 20         # the helper's batch: the run's size, capped (its arrays' memory)
+
+
+def note_table(variable):
+    """Remember ``variable`` (a CPU table with integer or string keys) for the plan."""
+    _LAST["table"] = weakref.ref(variable)
+
+
+def note_optimizer(optimizer):
+    """Remember ``optimizer`` (a ``numbaemb.optimizers.Optimizer``) for the plan."""
+    _LAST["optimizer"] = weakref.ref(optimizer)
+
+
+def _last(name):
+    ref = _LAST[name]
+    return None if ref is None else ref()
+
+
+def enabled():
+    """True where a cold start may start a helper (see the module docstring)."""
+    if os.environ.get("NUMBAEMB_COMPILE_AHEAD", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    if "mpi4py.MPI" in sys.modules or getattr(sys, "frozen", False) or not sys.executable:
+        return False            # (a frozen app's executable is the app, not Python)
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return cpus >= 2
+
+
+def plan():
+    """What the helper compiles, as JSON-able data: the batch size, the last table's
+    settings (or the defaults) and the last optimizer (or Adam)."""
+    from jit_kernels.segment import last_size
+    table, opt = _last("table"), _last("optimizer")
+    out = {"n": int(min(max(last_size(), 1), _MAX_ROWS)), "dim": 8, "value_dtype": "float32",
+           "initializer": None, "optimizer": ["Adam", {}]}
+    if table is not None:
+        out.update(dim=int(table.dim), value_dtype=str(table.value_dtype),
+                   initializer=table.initializer.get_config())
+    if opt is not None:
+        out["optimizer"] = [type(opt).__name__, dataclasses.asdict(opt)]
+    return out
+
+
+def start(py_func=None):
+    """Launch the helper for :func:`plan` (once a process; nothing where not
+    :func:`enabled`).  ``py_func``: the kernel whose miss triggered it (unused)."""
+    if _LAST["helper"] is not None or not enabled():
+        return None
+    _LAST["helper"] = False
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, NUMBAEMB_COMPILE_AHEAD="0",
+               PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.Popen([sys.executable, "-m", "numbaemb._ahead", json.dumps(plan())],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=env, cwd=root,
+                            start_new_session=True)
+    threading.Thread(target=proc.wait, daemon=True).start()     # reaped when it ends
+    _LAST["helper"] = proc
+    return proc
+
+
+def helper():
+    """The helper this process launched (a ``subprocess.Popen``), or None."""
+    return _LAST["helper"] or None
+
+
+def run(spec):
+    """The helper's work (in the helper process): the kernels of :func:`plan`'s
+    step, in the order that leaves this process's first calls to it."""
+    import numba
+    import numpy as np
+
+    from jit_kernels.segment import segment_sum, unique_inverse
+    from . import initializers, optimizers
+    from ._checks import compute_dtype
+    n, dim = spec["n"], spec["dim"]
+    dtype = compute_dtype(spec["value_dtype"])
+    name, fields = spec["optimizer"]
+    opt = getattr(optimizers, name)(**fields)
+    rows, grads = np.arange(n, dtype=np.int64), np.zeros((n, dim), dtype)
+    if np.dtype(spec["value_dtype"]) == dtype:          # (16-bit storage: not guessed)
+        cols = {slot: np.zeros((n, dim), dtype) for slot, _ in opt.slots()}
+        opt._update(np.zeros((n, dim), dtype), cols, rows, grads, 0.01, 1)
+    _, inverse = unique_inverse(rows)
+    segment_sum(grads, inverse, n, numba.get_num_threads())
+    from .variable import Variable
+    init = None if spec["initializer"] is None else initializers.from_config(spec["initializer"])
+    Variable(dim, value_dtype=spec["value_dtype"], initializer=init).find_or_insert(rows)
+
+
+if __name__ == "__main__":
+    run(json.loads(sys.argv[1]))

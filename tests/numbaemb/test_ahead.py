@@ -1,0 +1,105 @@
+"""A cold start's helper process (numbaemb._ahead): what it compiles, when it starts."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import numbaemb as ne
+from jit_kernels import _cache, _compile_lock
+from numbaemb import _ahead
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+needs_locks = pytest.mark.skipif(
+    bool(os.environ.get("NUMBA_CACHE_LOCATOR_CLASSES")) or _cache._locators()[0] is None
+    or not _compile_lock.installed(), reason="Numba's own cache locators are in use")
+
+# inserts and lookups, then (with the helper done) an optimizer step: a float64 table
+# with uniform initial values and FTRL, so the plan must carry each of them
+JOB = """
+import json
+import numpy as np
+import numbaemb as ne
+from numbaemb import _ahead
+from numba.core import event
+compiled = []
+class Log(event.Listener):
+    def on_start(self, e): pass
+    def on_end(self, e):
+        d = e.data["dispatcher"]
+        compiled.append(f"{d.py_func.__module__}.{d.py_func.__qualname__}")
+event.register("numba:compile", Log())
+v = ne.Variable(dim=5, value_dtype="float64", initializer=ne.initializers.RandomUniform(seed=2))
+opt = ne.optimizers.Ftrl(learning_rate=0.3)
+ids = np.array([0, -1, 2**63 - 1, -2**63, 9, 9, 4], np.int64)
+v.find_or_insert(ids)
+first = v.lookup(ids).tolist()
+helper = _ahead.helper()
+code = None if helper is None else helper.wait(timeout=300)
+ne.optimizers.apply_gradients(v, opt, ids, np.arange(35.0).reshape(7, 5), step=1)
+print(json.dumps({"compiled": compiled, "helper": code, "first": first,
+                  "after": v.lookup(ids).tolist()}))
+"""
+
+
+def _job(cache_dir, ahead):
+    proc = subprocess.run([sys.executable, "-c", JOB], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT,
+                          env=dict(os.environ, NUMBA_CACHE_DIR=str(cache_dir),
+                                   NUMBAEMB_COMPILE_AHEAD=ahead))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().split("\n")[-1])
+
+
+@needs_locks
+def test_a_cold_process_loads_the_step_kernels_its_helper_compiled(tmp_path):
+    alone = _job(tmp_path / "alone", "0")
+    helped = _job(tmp_path / "helped", "1")
+    assert alone["helper"] is None and helped["helper"] == 0     # it ran and ended well
+    assert helped["first"] == alone["first"] and helped["after"] == alone["after"]
+    step = {"jit_kernels.optimizers._ftrl_rows__serial", "jit_kernels.segment._unique_serial",
+            "jit_kernels.segment._segment_sum_serial"}
+    assert step <= set(alone["compiled"])
+    assert not step & set(helped["compiled"])           # loaded what the helper compiled
+    # a warm process starts no helper
+    warm = _job(tmp_path / "helped", "1")
+    assert warm["helper"] is None and warm["compiled"] == []
+
+
+@needs_locks
+def test_no_helper_when_turned_off(tmp_path):
+    assert _job(tmp_path, "0")["helper"] is None
+
+
+def test_the_plan_follows_the_last_table_and_optimizer(monkeypatch):
+    monkeypatch.setattr(_ahead, "_LAST", dict(_ahead._LAST))
+    v = ne.Variable(dim=3, value_dtype=np.float64,
+                    initializer=ne.initializers.TruncatedNormal(stddev=0.2, seed=7))
+    opt = ne.optimizers.RMSprop(learning_rate=0.2, centered=True)
+    v.find_or_insert(np.arange(70, dtype=np.int64))
+    plan = json.loads(json.dumps(_ahead.plan()))       # (JSON, as the helper gets it)
+    assert plan["n"] == 70 and plan["dim"] == 3 and plan["value_dtype"] == "float64"
+    assert ne.initializers.from_config(plan["initializer"]) == v.initializer
+    name, fields = plan["optimizer"]
+    assert getattr(ne.optimizers, name)(**fields) == opt
+    del v, opt                                          # the plan does not keep them alive
+    import gc
+    gc.collect()
+    assert _ahead.plan()["optimizer"] == ["Adam", {}] and _ahead.plan()["dim"] == 8
+
+
+def test_enabled_only_with_two_cpus_and_not_under_mpi(monkeypatch):
+    monkeypatch.setenv("NUMBAEMB_COMPILE_AHEAD", "1")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.delitem(sys.modules, "mpi4py.MPI", raising=False)
+    assert _ahead.enabled()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert not _ahead.enabled()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setitem(sys.modules, "mpi4py.MPI", object())
+    assert not _ahead.enabled()
+    monkeypatch.delitem(sys.modules, "mpi4py.MPI")
+    monkeypatch.setenv("NUMBAEMB_COMPILE_AHEAD", "0")
+    assert not _ahead.enabled()
