@@ -34,7 +34,6 @@ import threading
 import weakref
 
 _LAST = {"table": None, "optimizer": None, "helper": None}
-_MAX_ROWS = 1 << 20         # the helper's batch: the run's size, capped (its arrays' memory)
 
 
 def note_table(variable):
@@ -70,7 +69,7 @@ def plan():
     settings (or the defaults) and the last optimizer (or Adam)."""
     from jit_kernels.segment import last_size
     table, opt = _last("table"), _last("optimizer")
-    out = {"n": int(min(max(last_size(), 1), _MAX_ROWS)), "dim": 8, "value_dtype": "float32",
+    out = {"n": int(max(last_size(), 1)), "dim": 8, "value_dtype": "float32",
            "initializer": None, "optimizer": ["Adam", {}]}
     if table is not None:
         out.update(dim=int(table.dim), value_dtype=str(table.value_dtype),
@@ -109,22 +108,27 @@ def run(spec):
     import numba
     import numpy as np
 
-    from jit_kernels.segment import segment_sum, unique_inverse
+    from jit_kernels.segment import PARALLEL_MIN, segment_sum, unique_inverse
     from . import initializers, optimizers
     from ._checks import compute_dtype
     n, dim = spec["n"], spec["dim"]
     dtype = compute_dtype(spec["value_dtype"])
     name, fields = spec["optimizer"]
     opt = getattr(optimizers, name)(**fields)
-    rows, grads = np.arange(n, dtype=np.int64), np.zeros((n, dim), dtype)
+    # every driver picks its build by the batch's size (and a cost a row): PARALLEL_MIN
+    # picks the parallel build at any cost, as n does.  One key / row repeated keeps the
+    # table, sums and rows one row long, and the zero gradients are never written, so
+    # they stay unbacked pages: the helper needs little memory at any n.
+    m = min(n, PARALLEL_MIN)
+    same, grads = np.zeros(m, np.int64), np.zeros((m, dim), dtype)
     if np.dtype(spec["value_dtype"]) == dtype:          # (16-bit storage: not guessed)
-        cols = {slot: np.zeros((n, dim), dtype) for slot, _ in opt.slots()}
-        opt._update(np.zeros((n, dim), dtype), cols, rows, grads, 0.01, 1)
-    _, inverse = unique_inverse(rows)
-    segment_sum(grads, inverse, n, numba.get_num_threads())
+        cols = {slot: np.zeros((1, dim), dtype) for slot, _ in opt.slots()}
+        opt._update(np.zeros((1, dim), dtype), cols, same, grads, 0.01, 1)
+    unique_inverse(same)
+    segment_sum(grads, same, 1, numba.get_num_threads())
     from .variable import Variable
     init = None if spec["initializer"] is None else initializers.from_config(spec["initializer"])
-    Variable(dim, value_dtype=spec["value_dtype"], initializer=init).find_or_insert(rows)
+    Variable(dim, value_dtype=spec["value_dtype"], initializer=init).find_or_insert(same)
 
 
 if __name__ == "__main__":
