@@ -13,7 +13,7 @@ functions and the user's are left alone.
 
 Safety: the lock is released when the save is done, when the compile fails (a
 ``numba:compile`` event that ends with an exception: typing errors, the literal
-retry), and by the OS when the process dies.  Locks are taken callers before
+retry; a cached ``cfunc``'s compile that raises), and by the OS when the process dies.  Locks are taken callers before
 callees (a kernel's compile types its callees), and the call graph has no cycles,
 so processes cannot wait on each other in a ring.  A process waits at most
 ``NUMBAEMB_COMPILE_WAIT`` seconds (default 600) for another one, then compiles
@@ -116,6 +116,25 @@ def _forget_in_child():
     _HELD.clear()
 
 
+def _release_failed_cfuncs():
+    """A cached ``cfunc`` compiles without a ``numba:compile`` event: let go of its
+    lock when its compile raises."""
+    try:
+        from numba.core.ccallback import CFunc
+    except ImportError:
+        return
+    compile_ = CFunc.compile
+
+    def compile(self):
+        try:
+            return compile_(self)
+        except BaseException:
+            _pop(self._cache)
+            raise
+
+    CFunc.compile = compile
+
+
 def install(is_ours):
     """Make the on-disk caches of the functions ``is_ours(cache)`` accepts compile
     once across processes (idempotent; nothing when ``NUMBAEMB_COMPILE_LOCK=0``).
@@ -170,6 +189,7 @@ def install(is_ours):
 
     cls.load_overload, cls.save_overload = load_overload, save_overload
     event.register("numba:compile", _FailedCompiles())
+    _release_failed_cfuncs()
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_forget_in_child)
     _STATE["installed"] = True

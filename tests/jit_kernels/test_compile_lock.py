@@ -136,6 +136,11 @@ try:
     pkg.mod.g("text")                    # fails to type: the lock is let go
 except TypingError:
     pass
+from numba import cfunc, types
+try:                                     # a cached cfunc (no compile event) that fails
+    cfunc(types.float64(types.float64), cache=True)(pkg.mod.bad)
+except TypingError:
+    pass
 locks = glob.glob({tmp!r} + "/pkg/__pycache__/*.compiling")
 free = [_compile_lock.acquire(p, max_wait=0) is not None for p in locks]
 print(len(locks), all(free), len(_compile_lock._HELD))
@@ -144,10 +149,12 @@ print(pkg.mod.g(2.5)""")
 
 def test_a_failed_compile_lets_go_of_its_lock(tmp_path):
     _, _ = _package(tmp_path)
+    with open(tmp_path / "pkg" / "mod.py", "a") as f:
+        f.write("\n\ndef bad(x):\n    return x + 'text'\n")
     out = _finish(subprocess.Popen([sys.executable, "-c", FAIL.format(root=ROOT, tmp=str(tmp_path))],
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                    cwd=str(tmp_path)))
-    assert out[-2:] == ["1 True 0", "3.5 2 0"]   # (misses: the failed signature too)
+    assert out[-2:] == ["2 True 0", "3.5 2 0"]   # (misses: the failed signature too)
 
 
 def test_locks_wait_and_give_up():
