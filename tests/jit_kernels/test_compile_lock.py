@@ -6,27 +6,18 @@ import subprocess
 import sys
 import time
 
-import pytest
 
-from jit_kernels import _cache, _compile_lock
+from jit_kernels import _compile_lock
+from tests.compile_log import log, needs_locks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-pytestmark = pytest.mark.skipif(
-    bool(os.environ.get("NUMBA_CACHE_LOCATOR_CLASSES")) or _cache._locators()[0] is None
-    or not _compile_lock.installed(), reason="Numba's own cache locators are in use")
+pytestmark = needs_locks
 
 JOB = """
 import json, sys
 import numpy as np
 import numbaemb as ne
-from numba.core import event
-compiled = []
-class Log(event.Listener):
-    def on_start(self, e): pass
-    def on_end(self, e):
-        d = e.data["dispatcher"]
-        compiled.append(f"{d.py_func.__module__}.{d.py_func.__qualname__}{e.data['args']}")
-event.register("numba:compile", Log())
+""" + log(with_args=True) + """
 v = ne.Variable(dim=4, initializer=ne.initializers.RandomUniform(seed=3))
 ids = np.array([0, -1, 2**63 - 1, -2**63, 5, 5, 7], np.int64)
 v.find_or_insert(ids)

@@ -5,16 +5,12 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
 import numbaemb as ne
-from jit_kernels import _cache, _compile_lock
 from numbaemb import _ahead
+from tests.compile_log import log, needs_locks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-needs_locks = pytest.mark.skipif(
-    bool(os.environ.get("NUMBA_CACHE_LOCATOR_CLASSES")) or _cache._locators()[0] is None
-    or not _compile_lock.installed(), reason="Numba's own cache locators are in use")
 
 # inserts and lookups, then (with the helper done) an optimizer step: a float64 table
 # with uniform initial values and FTRL, so the plan must carry each of them
@@ -23,14 +19,7 @@ import json
 import numpy as np
 import numbaemb as ne
 from numbaemb import _ahead
-from numba.core import event
-compiled = []
-class Log(event.Listener):
-    def on_start(self, e): pass
-    def on_end(self, e):
-        d = e.data["dispatcher"]
-        compiled.append(f"{d.py_func.__module__}.{d.py_func.__qualname__}")
-event.register("numba:compile", Log())
+""" + log() + """
 v = ne.Variable(dim=5, value_dtype="float64", initializer=ne.initializers.RandomUniform(seed=2))
 opt = ne.optimizers.Ftrl(learning_rate=0.3)
 ids = np.array([0, -1, 2**63 - 1, -2**63, 9, 9, 4], np.int64)

@@ -1,0 +1,29 @@
+"""Shared by the tests of kernels compiled across processes (jit_kernels._compile_lock,
+numbaemb._ahead): the skip marker and a snippet that logs a process's compiles."""
+import os
+
+import pytest
+
+from jit_kernels import _cache, _compile_lock
+
+needs_locks = pytest.mark.skipif(
+    bool(os.environ.get("NUMBA_CACHE_LOCATOR_CLASSES")) or _cache._locators()[0] is None
+    or not _compile_lock.installed(), reason="Numba's own cache locators are in use")
+
+# program text: after it, ``compiled`` lists "module.qualname" + ``SUFFIX`` for every
+# function this process compiles (not those it loads from the cache)
+LOG = """
+from numba.core import event
+compiled = []
+class Log(event.Listener):
+    def on_start(self, e): pass
+    def on_end(self, e):
+        d = e.data["dispatcher"]
+        compiled.append(f"{{d.py_func.__module__}}.{{d.py_func.__qualname__}}{suffix}")
+event.register("numba:compile", Log())
+"""
+
+
+def log(with_args=False):
+    """:data:`LOG`, each entry ending with the compiled signature if ``with_args``."""
+    return LOG.format(suffix="{e.data['args']}" if with_args else "")
