@@ -34,22 +34,23 @@ _FIRST_MISS = []        # callbacks for this process's first compile of one of o
 
 
 def on_first_miss(callback):
-    """Run ``callback(py_func)`` once, when this process is about to compile the first
+    """Run ``callback()`` once, when this process is about to compile the first
     of our functions that is not in the cache (a cold start): e.g. to start
     compiling other kernels in a helper process (:mod:`numbaemb._ahead`)."""
     _FIRST_MISS.append(callback)
 
 
-def _missed(cache):
+def _missed():
     while _FIRST_MISS:
         try:
-            _FIRST_MISS.pop(0)(cache._py_func)
+            _FIRST_MISS.pop(0)()
         except Exception:       # a helper that cannot start must not fail the compile
             pass
 
 
-def _enabled():
-    return os.environ.get("NUMBAEMB_COMPILE_LOCK", "1").strip().lower() not in ("0", "false", "no", "off")
+def switched_off(name):
+    """True if the environment variable ``name`` is ``0`` / ``false`` / ``no`` / ``off``."""
+    return os.environ.get(name, "1").strip().lower() in ("0", "false", "no", "off")
 
 
 def _max_wait():
@@ -141,7 +142,7 @@ def install(is_ours):
     True if installed."""
     if _STATE["installed"]:
         return True
-    if not _enabled():
+    if switched_off("NUMBAEMB_COMPILE_LOCK"):
         return False
     try:
         from numba.core import caching, event
@@ -158,7 +159,7 @@ def install(is_ours):
         try:
             path = _lock_path(self, sig, target_context)
         except Exception:           # a Numba whose internals differ: compile as Numba does
-            _missed(self)
+            _missed()
             return None
         fd = acquire(path)
         if fd is not None:
@@ -167,7 +168,7 @@ def install(is_ours):
                 release(fd)
                 return cres
             _HELD.setdefault(id(self), []).append(fd)  # released by the save or a failed compile
-        _missed(self)
+        _missed()
         return None
 
     def save_overload(self, sig, data):

@@ -9,8 +9,8 @@ of one of numbaemb's kernels (:func:`jit_kernels._compile_lock.on_first_miss`),
 :func:`start` launches ``python -m numbaemb._ahead PLAN``, which compiles, into
 the same cache, what the process will need after its inserts and lookups: the
 optimizer's row loop (the last optimizer created, else Adam), the segment sum,
-the unique pass, then a table's inserts, for the last table created (its key and
-value dtypes, dim, initializer) and the batch size about to run.  The two
+the unique pass, then a table's inserts, for the last table created (its value
+dtype, dim and initializer) and the size of the batch about to run.  The two
 processes never compile one kernel twice: whichever comes second waits for the
 first one's and loads it (:mod:`jit_kernels._compile_lock`).  A kernel the helper
 guessed wrong is compiled on the side core for nothing and costs this process
@@ -19,8 +19,8 @@ nothing.
 It starts only on a cache miss (never in a warm process), once a process, with
 two CPUs or more, not under MPI (``mpi4py.MPI`` imported: ranks already share
 their compiles through the locks), not in a frozen application and not with
-``NUMBAEMB_COMPILE_AHEAD=0``.  The
-helper runs detached and silent, and ends when its list is done.
+``NUMBAEMB_COMPILE_AHEAD=0``.  The helper runs detached and silent, and ends when
+its list is done.
 
 >>> plan()["optimizer"][0] in ("Adam", "SGD", "Adagrad", "Ftrl", "RMSprop")
 True
@@ -53,7 +53,8 @@ def _last(name):
 
 def enabled():
     """True where a cold start may start a helper (see the module docstring)."""
-    if os.environ.get("NUMBAEMB_COMPILE_AHEAD", "1").strip().lower() in ("0", "false", "no", "off"):
+    from jit_kernels._compile_lock import switched_off
+    if switched_off("NUMBAEMB_COMPILE_AHEAD"):
         return False
     if "mpi4py.MPI" in sys.modules or getattr(sys, "frozen", False) or not sys.executable:
         return False            # (a frozen app's executable is the app, not Python)
@@ -79,9 +80,9 @@ def plan():
     return out
 
 
-def start(py_func=None):
+def start():
     """Launch the helper for :func:`plan` (once a process; nothing where not
-    :func:`enabled`).  ``py_func``: the kernel whose miss triggered it (unused)."""
+    :func:`enabled`)."""
     if _LAST["helper"] is not None or not enabled():
         return None
     _LAST["helper"] = False
