@@ -5,20 +5,23 @@ numbaemb.warmup`` start cold together and need the same kernels in the same
 order: without coordination every process compiles every kernel (4 ranks on 2
 cores: four times the work on two cores).  With :func:`install`, a process that
 misses the cache for a function of a registered directory (:mod:`jit_kernels._cache`)
-takes an exclusive ``flock`` on a lock file for that function and signature
-(beside the function's index: ``<index>.<key hash>.compiling``), looks in the cache
-again (the holder before it may have saved the kernel meanwhile: it then loads it,
-milliseconds) and otherwise compiles and saves it before it lets go.  Numba's own
-functions and the user's are left alone.
+takes an exclusive ``flock`` on a lock file for that function and signature (beside
+the function's index: ``<index>.<key hash>.compiling``), looks in the cache again
+(the holder before it may have saved the kernel meanwhile: it then loads it,
+milliseconds) and otherwise compiles and saves it, then removes the file and lets
+go.  Numba's own functions and the user's are left alone.
 
 Safety: the lock is released when the save is done, when the compile fails (a
 ``numba:compile`` event that ends with an exception: typing errors, the literal
-retry; a cached ``cfunc``'s compile that raises), and by the OS when the process dies.  Locks are taken callers before
-callees (a kernel's compile types its callees), and the call graph has no cycles,
-so processes cannot wait on each other in a ring.  A process waits at most
-``NUMBAEMB_COMPILE_WAIT`` seconds (default 600) for another one, then compiles
-itself; where files cannot be locked it compiles as Numba does.
-``NUMBAEMB_COMPILE_LOCK=0`` turns it off.
+retry; a cached ``cfunc``'s compile that raises), and by the OS when the process
+dies.  Removing the file is safe: a process still waiting on it goes on and finds
+the kernel in the cache, a later one makes a new file and finds it too (after a
+failed compile two processes may then both try again: a duplicate compile, never
+a wrong result).  Locks are taken callers before callees (a kernel's compile types
+its callees), and the call graph has no cycles, so processes cannot wait on each
+other in a ring.  A process waits at most ``NUMBAEMB_COMPILE_WAIT`` seconds
+(default 600) for another one, then compiles itself; where files cannot be locked
+it compiles as Numba does.  ``NUMBAEMB_COMPILE_LOCK=0`` turns it off.
 
 >>> import jit_kernels              # installs it for jit_kernels' and numbaemb's kernels
 >>> installed()
@@ -28,7 +31,7 @@ import hashlib
 import os
 import time
 
-_HELD = {}              # id(cache) -> [fd, ...]: the locks this process holds (LIFO)
+_HELD = {}              # id(cache) -> [(fd, path), ...]: the locks this process holds (LIFO)
 _STATE = {"installed": False}
 _FIRST_MISS = []        # callbacks for this process's first compile of one of ours
 
@@ -101,9 +104,17 @@ def _lock_path(cache, sig, target_context):
 
 
 def _pop(cache):
+    """Let go of the last lock taken for ``cache``'s function, and remove its file: a
+    process already waiting on it goes on (and finds the kernel in the cache), later
+    ones make a new file (and find it too)."""
     held = _HELD.get(id(cache))
     if held:
-        release(held.pop())
+        fd, path = held.pop()
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        release(fd)
         if not held:
             del _HELD[id(cache)]
 
@@ -112,7 +123,7 @@ def _forget_in_child():
     """A forked child closes its copies of the parent's locks: a lock is let go only
     when every copy of its fd is closed, so the child would hold the parent's lock."""
     for held in _HELD.values():
-        for fd in held:
+        for fd, _ in held:          # (the parent's files stay: it still holds them)
             release(fd)
     _HELD.clear()
 
@@ -167,7 +178,7 @@ def install(is_ours):
             if cres is not None:
                 release(fd)
                 return cres
-            _HELD.setdefault(id(self), []).append(fd)  # released by the save or a failed compile
+            _HELD.setdefault(id(self), []).append((fd, path))  # until the save or a failure
         _missed()
         return None
 
