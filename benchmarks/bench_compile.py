@@ -28,6 +28,8 @@ CPU), and its time is reported: what ``pip install`` adds.
   the first ``model.fit`` step of ``de.keras.layers.Embedding(8)`` -> Dense(1) and,
   for comparison, of the same model with ``keras.layers.Embedding``.  Target: ours
   within 5 s cold beyond TF's start-up.
+* ``tf_multi``: the first ``model.fit`` step of ``de.keras.layers.MultiEmbedding([8] * 3)``
+  (three tables looked up and stepped by one kernel each, ``numbaemb.multi``).
 * ``cudasim``: ``NUMBA_ENABLE_CUDASIM=1``: the GPU table's first ``find_or_insert`` and
   ``lookup`` (the simulator interprets the kernels: no compile, Python speed).
 
@@ -90,7 +92,7 @@ def _timed(times, label, fn):
 def child(scenario):
     import numpy as np
     times = {}
-    if scenario == "tf":
+    if scenario in ("tf", "tf_multi"):
         _timed(times, "import tensorflow", lambda: __import__("tensorflow"))
     if scenario == "cudasim":
         os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
@@ -140,6 +142,16 @@ def child(scenario):
             keras.layers.Embedding(10**6, 8), keras.optimizers.Adam(1e-3)))
         _timed(times, "numbaemb layer: first fit step", lambda: fit(
             de.keras.layers.Embedding(8), de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(1e-3))))
+    elif scenario == "tf_multi":
+        import keras
+        de = _timed(times, "import tf_bridge", lambda: __import__("tf_bridge"))
+        x = np.random.default_rng(0).integers(0, 10**6, (256, 3))
+        inp = keras.Input((3,), dtype="int64")
+        rows = de.keras.layers.MultiEmbedding([8, 8, 8])([inp[:, i] for i in range(3)])
+        model = keras.Model(inp, keras.layers.Dense(1)(keras.layers.Concatenate()(rows)))
+        model.compile(de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(1e-3)), loss="mse")
+        _timed(times, "MultiEmbedding (3 tables): first fit step", lambda: model.fit(
+            x, np.ones((256, 1), np.float32), batch_size=256, epochs=1, verbose=0))
     elif scenario == "cudasim":
         v = ne.Variable(dim=8, device="cuda")
         _timed(times, "find_or_insert (cudasim)", lambda: v.find_or_insert(ids[:64]))
@@ -215,7 +227,7 @@ def main():
     args = ap.parse_args()
     if args.child:
         return child(args.child)
-    scenarios = ["table", "optimizers", "strings"] + ([] if args.no_tf else ["tf"]) + (
+    scenarios = ["table", "optimizers", "strings"] + ([] if args.no_tf else ["tf", "tf_multi"]) + (
         [] if args.no_cudasim else ["cudasim"])
     rows = []
     with tempfile.TemporaryDirectory(prefix="numbaemb-prebuilt-") as tmp:

@@ -8,7 +8,8 @@ cannot compile beside it; another process can.  At this process's first compile
 of one of numbaemb's kernels (:func:`jit_kernels._compile_lock.on_first_miss`),
 :func:`start` launches ``python -m numbaemb._ahead PLAN``, which compiles, into
 the same cache, what the process will need after its inserts and lookups: the
-optimizer's row loop (the last optimizer created, else Adam), the segment sum,
+optimizer's row loop (the last optimizer created, else Adam; where tables were
+looked up together, only the kernel that steps them together), the segment sum,
 the unique pass, then a table's inserts, for the last table created (its value
 dtype, dim and initializer) and the size of the batch about to run.  The two
 processes never compile one kernel twice: whichever comes second waits for the
@@ -33,7 +34,7 @@ import sys
 import threading
 import weakref
 
-_LAST = {"table": None, "optimizer": None, "helper": None}
+_LAST = {"table": None, "optimizer": None, "helper": None, "multi": False}
 
 
 def note_table(variable):
@@ -44,6 +45,12 @@ def note_table(variable):
 def note_optimizer(optimizer):
     """Remember ``optimizer`` (a ``numbaemb.optimizers.Optimizer``) for the plan."""
     _LAST["optimizer"] = weakref.ref(optimizer)
+
+
+def note_multi():
+    """Remember that tables are looked up together (:mod:`numbaemb.multi`): the plan
+    then starts with the kernel that steps them together."""
+    _LAST["multi"] = True
 
 
 def _last(name):
@@ -71,7 +78,7 @@ def plan():
     from jit_kernels.segment import last_size
     table, opt = _last("table"), _last("optimizer")
     out = {"n": int(max(last_size(), 1)), "dim": 8, "value_dtype": "float32",
-           "initializer": None, "optimizer": ["Adam", {}]}
+           "initializer": None, "optimizer": ["Adam", {}], "multi": _LAST["multi"]}
     if table is not None:
         out.update(dim=int(table.dim), value_dtype=str(table.value_dtype),
                    initializer=table.initializer.get_config())
@@ -112,25 +119,35 @@ def run(spec):
     from jit_kernels.segment import PARALLEL_MIN, segment_sum, unique_inverse
     from . import initializers, optimizers
     from ._checks import compute_dtype
-    n, dim = spec["n"], spec["dim"]
-    dtype = compute_dtype(spec["value_dtype"])
+    from .variable import Variable
+    n, dim, value_dtype = spec["n"], spec["dim"], spec["value_dtype"]
+    dtype = compute_dtype(value_dtype)
     name, fields = spec["optimizer"]
     opt = getattr(optimizers, name)(**fields)
+    init = None if spec["initializer"] is None else initializers.from_config(spec["initializer"])
+
+    def table():
+        return Variable(dim, value_dtype=value_dtype, initializer=init)
+
+    if spec.get("multi"):       # one kernel steps every table (any count): 4-5 s to compile
+        from .multi import apply_many, trains_with_others
+        t = table()
+        if trains_with_others(t):
+            apply_many([t], opt, [np.arange(2)], [np.zeros((3, dim), dtype)],
+                       [np.array([0, 1, 1])], [None], step=1)
+            return              # (the tables' steps need nothing else)
     # every driver picks its build by the batch's size (and a cost a row): PARALLEL_MIN
     # picks the parallel build at any cost, as n does.  One key / row repeated keeps the
     # table, sums and rows one row long, and the zero gradients are never written, so
     # they stay unbacked pages: the helper needs little memory at any n.
     m = min(n, PARALLEL_MIN)
     same, grads = np.zeros(m, np.int64), np.zeros((m, dim), dtype)
-    if np.dtype(spec["value_dtype"]) == dtype:          # (16-bit storage: not guessed)
+    if np.dtype(value_dtype) == dtype:                  # (16-bit storage: not guessed)
         cols = {slot: np.zeros((1, dim), dtype) for slot, _ in opt.slots()}
         opt._update(np.zeros((1, dim), dtype), cols, same, grads, 0.01, 1)
     unique_inverse(same)
     segment_sum(grads, same, 1, numba.get_num_threads())
-    from .variable import Variable
-    init = None if spec["initializer"] is None else initializers.from_config(spec["initializer"])
-    Variable(dim, value_dtype=spec["value_dtype"], initializer=init).find_or_insert(same)
-
+    table().find_or_insert(same)
 
 if __name__ == "__main__":
     run(json.loads(sys.argv[1]))

@@ -30,7 +30,7 @@ import numpy as np
 
 from jit_kernels.multi import RULES, addresses, apply_tables, lookup_tables
 
-from . import _checks
+from . import _ahead, _checks
 from . import optimizers as opt
 from .bounded import BoundedShard
 from .shard import Shard
@@ -69,6 +69,7 @@ def lookup_many(tables, keys, unique=False, outs=None):
     Tables of one value dtype go to one kernel call (threads take a table each); the
     tables' read locks are held across it, taken in a fixed order."""
     tables, keys = list(tables), list(keys)
+    _ahead.note_multi()                 # a cold start's helper: the step of all tables
     for t, table in enumerate(tables):
         if not fits(table):
             raise ValueError(f"tables[{t}] cannot be looked up with others (a CPU table of one "

@@ -92,3 +92,41 @@ def test_enabled_only_with_two_cpus_and_not_under_mpi(monkeypatch):
     monkeypatch.delitem(sys.modules, "mpi4py.MPI")
     monkeypatch.setenv("NUMBAEMB_COMPILE_AHEAD", "0")
     assert not _ahead.enabled()
+
+
+# tables looked up together (numbaemb.multi): the helper first compiles the kernel that
+# steps them together; SGD from constant rows, so the result is known by hand
+MULTI = """
+import json
+import numpy as np
+import numbaemb as ne
+from numbaemb import _ahead
+from numbaemb.multi import apply_many, lookup_many
+""" + log() + """
+a, b = ne.Variable(dim=2, initializer=1.0), ne.Variable(dim=3, initializer=1.0)
+opt = ne.optimizers.SGD(learning_rate=0.5)
+keys = [np.array([2**63 - 1, -1]), np.array([0, -2**63, 0])]
+looked = lookup_many([a, b], keys, unique=True)
+helper = _ahead.helper()
+code = None if helper is None else helper.wait(timeout=600)
+uniq = [np.array([2**63 - 1, -1]), np.array([0, -2**63])]
+apply_many([a, b], opt, uniq, [np.ones((2, 2), np.float32), np.ones((3, 3), np.float32)],
+           [np.array([0, 1]), np.array([0, 1, 0])], [None, None], step=1)
+print(json.dumps({"compiled": compiled, "helper": code,
+                  "a": a.lookup(uniq[0]).tolist(), "b": b.lookup(uniq[1]).tolist()}))
+"""
+
+
+@needs_locks
+def test_tables_looked_up_together_get_their_joint_step_compiled_ahead(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", MULTI], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT,
+                          env=dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path),
+                                   NUMBAEMB_COMPILE_AHEAD="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().split("\n")[-1])
+    assert out["helper"] == 0
+    assert "jit_kernels.multi.lookup_tables" in out["compiled"]
+    assert "jit_kernels.multi.apply_tables" not in out["compiled"]     # the helper's
+    assert out["a"] == [[0.5, 0.5], [0.5, 0.5]]
+    assert out["b"] == [[0.0, 0.0, 0.0], [0.5, 0.5, 0.5]]
