@@ -38,8 +38,12 @@ _LAST = {"table": None, "optimizer": None, "helper": None, "multi": False}
 
 
 def note_table(variable):
-    """Remember ``variable`` (a CPU table with integer or string keys) for the plan."""
-    _LAST["table"] = weakref.ref(variable)
+    """Remember ``variable`` (a CPU table with integer or string keys) for the plan,
+    if an optimizer can train it (float values: not a string table's own int64 map
+    of spans, made after it)."""
+    from ._checks import compute_dtype
+    if compute_dtype(variable.value_dtype).kind == "f":
+        _LAST["table"] = weakref.ref(variable)
 
 
 def note_optimizer(optimizer):

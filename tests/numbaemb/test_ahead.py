@@ -79,6 +79,17 @@ def test_the_plan_follows_the_last_table_and_optimizer(monkeypatch):
     assert _ahead.plan()["optimizer"] == ["Adam", {}] and _ahead.plan()["dim"] == 8
 
 
+def test_the_plan_skips_tables_no_optimizer_trains(monkeypatch):
+    """A string table makes its own int64 table of spans after itself: the plan keeps
+    the string table's settings (and an int table is never its subject)."""
+    monkeypatch.setattr(_ahead, "_LAST", dict(_ahead._LAST))
+    v = ne.Variable(dim=6, key_dtype="string", value_dtype=np.float64)
+    counts = ne.Variable(dim=2, value_dtype=np.int32)
+    plan = _ahead.plan()
+    assert (plan["dim"], plan["value_dtype"]) == (6, "float64")
+    del v, counts
+
+
 def test_enabled_only_with_two_cpus_and_not_under_mpi(monkeypatch):
     monkeypatch.setenv("NUMBAEMB_COMPILE_AHEAD", "1")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
