@@ -52,8 +52,8 @@ def note_optimizer(optimizer):
 
 
 def note_multi():
-    """Remember that tables are looked up together (:mod:`numbaemb.multi`): the plan
-    then starts with the kernel that steps them together."""
+    """Remember that tables are looked up together (:mod:`numbaemb.multi`): the helper
+    then compiles only the kernel that steps them together."""
     _LAST["multi"] = True
 
 
