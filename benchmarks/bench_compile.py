@@ -14,7 +14,8 @@ after ``pip install``, a fresh container or node of an image; see
 ``NUMBAEMB_COMPILE_AHEAD=0`` (no helper process compiling the step's kernels on
 another core, ``numbaemb._ahead``): one core's compile.  ``--together N``: the table job
 in N processes started at once on one empty cache, kernels compiled once across them
-(``jit_kernels._compile_lock``) or by each.  The prebuilt set is made first, as a wheel
+(``jit_kernels._compile_lock``) or by each; ``--ranks R,R``: the same job on a table split
+across R MPI ranks (``mpiexec -n R``), the slowest rank's time.  The prebuilt set is made first, as a wheel
 build makes it (``python -m numbaemb.warmup --prebuilt DIR``, one worker process a
 CPU), and its time is reported: what ``pip install`` adds.
 
@@ -46,6 +47,7 @@ import sys
 import tempfile
 import time
 
+T0 = time.perf_counter()        # (a child's start, for the MPI scenario's figure)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET_TABLE_COLD, TARGET_TABLE_WARM, TARGET_TF_COLD = 2.0, 0.3, 5.0
 
@@ -152,6 +154,19 @@ def child(scenario):
         model.compile(de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(1e-3)), loss="mse")
         _timed(times, "MultiEmbedding (3 tables): first fit step", lambda: model.fit(
             x, np.ones((256, 1), np.float32), batch_size=256, epochs=1, verbose=0))
+    elif scenario == "mpi_table":      # under mpiexec: a split table's job, every rank
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        v = ne.Variable(dim=8, comm=comm)
+        mine = np.random.default_rng(comm.rank).integers(-2**62, 2**62, 1000)
+        v.find_or_insert(mine)
+        v.lookup(mine)
+        ne.optimizers.apply_gradients(v, ne.optimizers.Adam(1e-3), mine, grads, step=1)
+        comm.Barrier()
+        slowest = comm.allreduce(time.perf_counter() - T0, op=MPI.MAX)
+        if comm.rank:
+            return
+        times["slowest rank, from its start"] = slowest
     elif scenario == "cudasim":
         v = ne.Variable(dim=8, device="cuda")
         _timed(times, "find_or_insert (cudasim)", lambda: v.find_or_insert(ids[:64]))
@@ -188,6 +203,25 @@ def run(scenario, cache_dir, prebuilt="0", extra_env=None):
     return _result(scenario, _start(scenario, cache_dir, prebuilt, extra_env), t0)
 
 
+def run_ranks(n, lock):
+    """The table job split across ``n`` MPI ranks (``mpiexec -n n``, one shared empty
+    cache), kernels compiled once across the ranks or by each.  Returns the slowest
+    rank's time from its start, or None without mpi4py / mpiexec."""
+    import shutil
+    if shutil.which("mpiexec") is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="numba-cache-") as cache:
+        env = dict(os.environ, NUMBA_CACHE_DIR=cache, NUMBAEMB_PREBUILT="0",
+                   NUMBAEMB_COMPILE_LOCK="1" if lock else "0",
+                   PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        out = subprocess.run(["mpiexec", "-n", str(n), sys.executable, "-m", "mpi4py",
+                              os.path.abspath(__file__), "--child", "mpi_table"],
+                             capture_output=True, text=True, timeout=1800, env=env, cwd=ROOT)
+        if out.returncode:
+            sys.exit(f"mpi_table failed:\n{out.stderr[-3000:]}")
+        return json.loads(out.stdout.strip().splitlines()[-1])["times"]["slowest rank, from its start"]
+
+
 def run_together(n, lock):
     """The table job in ``n`` processes started at once on one empty cache (ranks or
     test workers on a fresh node); ``lock``: kernels compiled once across them
@@ -221,6 +255,9 @@ def main():
     ap.add_argument("--no-tf", action="store_true")
     ap.add_argument("--no-cudasim", action="store_true")
     ap.add_argument("--no-prebuilt", action="store_true", help="skip the prebuilt column")
+    ap.add_argument("--ranks", default="2,4", metavar="R,R",
+                    help="also run the table job split across R MPI ranks on one empty cache "
+                         "(mpiexec; empty: skip)")
     ap.add_argument("--together", type=int, default=4, metavar="N",
                     help="also run the table job in N processes at once on one empty cache "
                          "(0: skip)")
@@ -244,6 +281,8 @@ def main():
             print(f"{sc} done", file=sys.stderr, flush=True)
     together = [(n, lock, *run_together(n, lock)) for n in sorted({1, args.together}) if n
                 for lock in (True, False)] if args.together else []
+    ranks = [(int(r), lock, run_ranks(int(r), lock)) for r in args.ranks.split(",") if r
+             for lock in (True, False)]
     import numba
     print(f"Python {sys.version.split()[0]}, numba {numba.__version__}, cpus {os.cpu_count()}, "
           f"load average {os.getloadavg()[0]:.1f}; each column a new process, cold: empty "
@@ -291,6 +330,17 @@ def main():
         for n, lock, wall, compiled in together:
             print(f"| {n} | {'once across them (default)' if lock else 'by each (NUMBAEMB_COMPILE_LOCK=0)'}"
                   f" | {wall:.2f} | {compiled} |")
+        print()
+    if any(t is not None for *_, t in ranks):
+        print(f"The table job split across R MPI ranks (Variable(comm=...); mpiexec, one empty "
+              f"cache; {os.cpu_count()} CPUs: more ranks than CPUs oversubscribe them):")
+        print()
+        print("| R ranks | kernels compiled | slowest rank s |")
+        print("|---:|---|---:|")
+        for r, lock, t in ranks:
+            if t is not None:
+                print(f"| {r} | {'once across them (default)' if lock else 'by each (NUMBAEMB_COMPILE_LOCK=0)'}"
+                      f" | {t:.2f} |")
         print()
 
     def verdict(t, target):
