@@ -179,11 +179,16 @@ def child(scenario):
           flush=True)
 
 
-def _start(scenario, cache_dir, prebuilt="0", extra_env=None):
+def _env(cache_dir, prebuilt="0", extra_env=None):
     env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir, TF_CPP_MIN_LOG_LEVEL="3",
                NUMBAEMB_PREBUILT=prebuilt,
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.update(extra_env or {})
+    return env
+
+
+def _start(scenario, cache_dir, prebuilt="0", extra_env=None):
+    env = _env(cache_dir, prebuilt, extra_env)
     return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", scenario],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, cwd=ROOT)
@@ -211,9 +216,7 @@ def run_ranks(n, lock):
     if shutil.which("mpiexec") is None:
         return None
     with tempfile.TemporaryDirectory(prefix="numba-cache-") as cache:
-        env = dict(os.environ, NUMBA_CACHE_DIR=cache, NUMBAEMB_PREBUILT="0",
-                   NUMBAEMB_COMPILE_LOCK="1" if lock else "0",
-                   PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env = _env(cache, extra_env={"NUMBAEMB_COMPILE_LOCK": "1" if lock else "0"})
         out = subprocess.run(["mpiexec", "-n", str(n), sys.executable, "-m", "mpi4py",
                               os.path.abspath(__file__), "--child", "mpi_table"],
                              capture_output=True, text=True, timeout=1800, env=env, cwd=ROOT)
