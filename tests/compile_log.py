@@ -10,8 +10,9 @@ needs_locks = pytest.mark.skipif(
     bool(os.environ.get("NUMBA_CACHE_LOCATOR_CLASSES")) or _cache._locators()[0] is None
     or not _compile_lock.installed(), reason="Numba's own cache locators are in use")
 
-# program text: after it, ``compiled`` lists "module.qualname" + ``SUFFIX`` for every
-# function this process compiles (not those it loads from the cache)
+# program text: after it, ``compiled`` lists "module.qualname" + ``suffix`` for every
+# cached function of ours this process compiles (not those it loads from the cache;
+# not Numba's own overloads or ours without a disk cache, which every process compiles)
 LOG = """
 from numba.core import event
 compiled = []
@@ -19,7 +20,8 @@ class Log(event.Listener):
     def on_start(self, e): pass
     def on_end(self, e):
         d = e.data["dispatcher"]
-        compiled.append(f"{{d.py_func.__module__}}.{{d.py_func.__qualname__}}{suffix}")
+        if getattr(getattr(d, "_cache", None), "_numbaemb_ours", False):
+            compiled.append(f"{{d.py_func.__module__}}.{{d.py_func.__qualname__}}{suffix}")
 event.register("numba:compile", Log())
 """
 
