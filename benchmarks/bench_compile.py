@@ -14,9 +14,9 @@ after ``pip install``, a fresh container or node of an image; see
 ``NUMBAEMB_COMPILE_AHEAD=0`` (no helper process compiling the step's kernels on
 another core, ``numbaemb._ahead``): one core's compile.  ``--together N``: the table job
 in N processes started at once on one empty cache, kernels compiled once across them
-(``jit_kernels._compile_lock``) or by each; ``--ranks R,R``: the same job on a table split
-across R MPI ranks (``mpiexec -n R``), the slowest rank's time.  The prebuilt set is made first, as a wheel
-build makes it (``python -m numbaemb.warmup --prebuilt DIR``, one worker process a
+(``jit_kernels._compile_lock``) or by each; ``--ranks R,R``: the same job on a table
+split across R MPI ranks (``mpiexec -n R``), the slowest rank's time.  The prebuilt set
+is made first, as a wheel build makes it (``python -m numbaemb.warmup --prebuilt DIR``, one worker process a
 CPU), and its time is reported: what ``pip install`` adds.
 
 * ``table``: the issue's job: ``import numbaemb``; ``Variable(dim=8)`` (the default
@@ -208,6 +208,14 @@ def run(scenario, cache_dir, prebuilt="0", extra_env=None):
     return _result(scenario, _start(scenario, cache_dir, prebuilt, extra_env), t0)
 
 
+def _lock_env(lock):
+    return {"NUMBAEMB_COMPILE_LOCK": "1" if lock else "0"}
+
+
+def _how(lock):
+    return "once across them (default)" if lock else "by each (NUMBAEMB_COMPILE_LOCK=0)"
+
+
 def run_ranks(n, lock):
     """The table job split across ``n`` MPI ranks (``mpiexec -n n``, one shared empty
     cache), kernels compiled once across the ranks or by each.  Returns the slowest
@@ -216,7 +224,7 @@ def run_ranks(n, lock):
     if shutil.which("mpiexec") is None:
         return None
     with tempfile.TemporaryDirectory(prefix="numba-cache-") as cache:
-        env = _env(cache, extra_env={"NUMBAEMB_COMPILE_LOCK": "1" if lock else "0"})
+        env = _env(cache, extra_env=_lock_env(lock))
         out = subprocess.run(["mpiexec", "-n", str(n), sys.executable, "-m", "mpi4py",
                               os.path.abspath(__file__), "--child", "mpi_table"],
                              capture_output=True, text=True, timeout=1800, env=env, cwd=ROOT)
@@ -232,8 +240,7 @@ def run_together(n, lock):
     Returns (wall s, kernels compiled in all)."""
     with tempfile.TemporaryDirectory(prefix="numba-cache-") as cache:
         t0 = time.perf_counter()
-        procs = [_start("table", cache, extra_env={"NUMBAEMB_COMPILE_LOCK": "1" if lock else "0",
-                                                    "NUMBAEMB_COMPILE_AHEAD": "0"})
+        procs = [_start("table", cache, extra_env={**_lock_env(lock), "NUMBAEMB_COMPILE_AHEAD": "0"})
                  for _ in range(n)]
         res = [_result("table", p, t0) for p in procs]
         return time.perf_counter() - t0, sum(r["cache_misses"] for r in res)
@@ -331,8 +338,7 @@ def main():
         print("| N processes | kernels compiled | wall s | kernel signatures compiled in all |")
         print("|---:|---|---:|---:|")
         for n, lock, wall, compiled in together:
-            print(f"| {n} | {'once across them (default)' if lock else 'by each (NUMBAEMB_COMPILE_LOCK=0)'}"
-                  f" | {wall:.2f} | {compiled} |")
+            print(f"| {n} | {_how(lock)} | {wall:.2f} | {compiled} |")
         print()
     if any(t is not None for *_, t in ranks):
         print(f"The table job split across R MPI ranks (Variable(comm=...); mpiexec, one empty "
@@ -342,8 +348,7 @@ def main():
         print("|---:|---|---:|")
         for r, lock, t in ranks:
             if t is not None:
-                print(f"| {r} | {'once across them (default)' if lock else 'by each (NUMBAEMB_COMPILE_LOCK=0)'}"
-                      f" | {t:.2f} |")
+                print(f"| {r} | {_how(lock)} | {t:.2f} |")
         print()
 
     def verdict(t, target):

@@ -139,22 +139,15 @@ def register(directory, hashed=True):
 
 @contextlib.contextmanager
 def locked(path):
-    """An exclusive ``flock`` on the file ``path`` (created) while the block runs;
-    unlocked where file locks are not available."""
+    """An exclusive ``flock`` on the file ``path`` (created) while the block runs, waiting
+    as long as it takes (:func:`jit_kernels._compile_lock.acquire`); unlocked where file
+    locks are not available."""
+    fd = _compile_lock.acquire(path, max_wait=float("inf"))
     try:
-        import fcntl
-        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
-    except (ImportError, OSError):
-        yield
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
-            pass
         yield
     finally:
-        os.close(fd)
+        if fd is not None:
+            _compile_lock.release(fd)
 
 
 def _lock_saves():

@@ -109,6 +109,12 @@ def start():
     return proc
 
 
+def disable():
+    """No helper for this process (one that compiles every kernel itself: the warmup)."""
+    if _LAST["helper"] is None:
+        _LAST["helper"] = False
+
+
 def helper():
     """The helper this process launched (a ``subprocess.Popen``), or None."""
     return _LAST["helper"] or None

@@ -258,8 +258,8 @@ def main(argv=None):
     unknown = sorted(set(groups or ()) - set(GROUPS))
     if unknown:
         ap.error(f"--groups: unknown group {unknown[0]!r} (one of {', '.join(GROUPS)})")
-    # it compiles every kernel itself: no helper guessing at a few (numbaemb._ahead)
-    os.environ["NUMBAEMB_COMPILE_AHEAD"] = "0"
+    from . import _ahead
+    _ahead.disable()        # it compiles every kernel itself: no helper guessing at a few
     t0 = time.perf_counter()
     dtypes = ALL if args.all_dtypes else DEFAULT
     jobs = args.jobs or min(os.cpu_count() or 1, len(tasks(dtypes, groups)))

@@ -141,3 +141,14 @@ def test_tables_looked_up_together_get_their_joint_step_compiled_ahead(tmp_path)
     assert "jit_kernels.multi.apply_tables" not in out["compiled"]     # the helper's
     assert out["a"] == [[0.5, 0.5], [0.5, 0.5]]
     assert out["b"] == [[0.0, 0.0, 0.0], [0.5, 0.5, 0.5]]
+
+
+def test_a_disabled_process_starts_no_helper(monkeypatch):
+    """What the warmup does for itself (it compiles every kernel), without touching the
+    environment its caller keeps."""
+    monkeypatch.setattr(_ahead, "_LAST", dict(_ahead._LAST, helper=None))
+    monkeypatch.setattr(_ahead, "enabled", lambda: True)
+    env = dict(os.environ)
+    _ahead.disable()
+    assert _ahead.start() is None and _ahead.helper() is None
+    assert dict(os.environ) == env
