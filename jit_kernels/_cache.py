@@ -133,6 +133,7 @@ def register(directory, hashed=True):
     if not any(issubclass(c, _PackageStamp) for c in impl._locator_classes):
         impl._locator_classes[:0] = ours
     _lock_saves()
+    _light_loads()
     _compile_lock.install(lambda cache: getattr(cache, "_numbaemb_ours", False))
     return True
 
@@ -186,3 +187,37 @@ def _lock_saves():
 
     cls.__init__ = __init__
     cls._numbaemb_locks = True
+
+
+def _light_loads():
+    """Make cache loads of registered files skip Numba's context refresh.
+
+    Numba's ``Cache.load_overload`` first calls ``target_context.refresh()``, which on
+    the first call imports and installs every typing and lowering registry Numba has
+    (``load_additional_registries``: 0.08-0.1 s of a warm process's 0.2 s of kernel
+    loads).  Running machine code loaded from the cache needs none of them, only the
+    runtime (NRT) that ``refresh`` also starts: a load of ours starts that alone.  The
+    first real compile refreshes the context as always (``compile_extra``).  Loads for
+    other targets (CUDA) and of other functions are left as they are."""
+    from numba.core import caching
+    cls = getattr(caching, "FunctionCache", None)
+    if cls is None or getattr(cls, "_numbaemb_light", False):
+        return
+    try:
+        from numba.core.cpu import CPUContext
+        from numba.core.runtime import nrt
+        load, start_runtime = cls.load_overload, nrt.rtsys.initialize
+        cls._load_overload, cls._guard_against_spurious_io_errors   # noqa: B018 (relied on)
+    except (ImportError, AttributeError):
+        return
+
+    def load_overload(self, sig, target_context):
+        if not (getattr(self, "_numbaemb_ours", False)
+                and isinstance(target_context, CPUContext)):
+            return load(self, sig, target_context)
+        start_runtime(target_context)
+        with self._guard_against_spurious_io_errors():
+            return self._load_overload(sig, target_context)
+
+    cls.load_overload = load_overload
+    cls._numbaemb_light = True

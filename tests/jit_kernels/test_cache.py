@@ -131,3 +131,66 @@ def test_saves_of_registered_functions_wait_for_the_index_lock(tmp_path):
             assert proc.poll() is None and not index.exists()
     out, _ = proc.communicate(timeout=120)
     assert out.split() == ["3.5", "1"] and index.exists()
+
+
+LIGHT = """
+import sys
+sys.path[:0] = [{root!r}, {tmp!r}]
+from jit_kernels._cache import register
+register({tmp!r} + "/lpkg")
+import numpy as np
+from numba import njit
+import lpkg.kern as k
+out = k.squares(1000)                        # a parallel kernel: NRT and the thread pool
+assert out.tolist() == [float(i * i) for i in range(1000)], out[:5]
+try:
+    k.checked(-1)
+    raise SystemExit("no error raised")
+except ValueError as e:
+    assert "x must be >= 0" in str(e), e
+assert k.checked(3) == 6
+hits = sum(k.squares.stats.cache_hits.values()) + sum(k.checked.stats.cache_hits.values())
+registries = "numba.np.linalg" in sys.modules     # imported by Numba's context refresh
+
+@njit
+def user(a):                                  # a compile after the loads refreshes as always
+    return np.sort(a)[0] + np.cumsum(a)[-1]
+print(hits, registries, user(np.array([3.0, 4.0])))
+"""
+
+
+@needs_locators
+def test_cache_loads_start_the_runtime_without_numbas_registries(tmp_path):
+    """A process that only loads our kernels from the cache skips Numba's context refresh
+    (its registry imports), yet their allocations, threads and errors work, and a later
+    compile in that process still finds every registry."""
+    pkg = tmp_path / "lpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "kern.py").write_text(textwrap.dedent("""
+        import numpy as np
+        from numba import njit, prange
+
+        @njit(cache=True, parallel=True)
+        def squares(n):
+            out = np.empty(n)
+            for i in prange(n):
+                out[i] = i * i
+            return out
+
+        @njit(cache=True)
+        def checked(x):
+            if x < 0:
+                raise ValueError("x must be >= 0")
+            return 2 * x
+        """))
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+
+    def run():
+        out = subprocess.run([sys.executable, "-c", LIGHT.format(root=ROOT, tmp=str(tmp_path))],
+                             capture_output=True, text=True, env=env, timeout=300, cwd=str(tmp_path))
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()
+
+    assert run() == ["0", "True", "10.0"]       # compiled: the compile refreshed the context
+    assert run() == ["2", "False", "10.0"]      # loaded: no refresh until the user's compile
