@@ -183,6 +183,10 @@ def _env(cache_dir, prebuilt="0", extra_env=None):
     env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir, TF_CPP_MIN_LOG_LEVEL="3",
                NUMBAEMB_PREBUILT=prebuilt,
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # Python's own bytecode as an installed package has it (pip writes the .pyc files;
+    # with PYTHONDONTWRITEBYTECODE, set in some shells, every import would compile
+    # numbaemb's sources again: about 45 ms)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     env.update(extra_env or {})
     return env
 

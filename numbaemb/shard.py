@@ -112,7 +112,8 @@ class IndexedRows:
         """Make room for every absent key of ``keys``; returns the bound used."""
         n_new = keys.shape[0]
         if self.n_full + self.n_deleted + n_new > MAX_LOAD * self.capacity:
-            n_new = self._count_absent(keys)
+            if self.n_full or self.n_deleted:    # (an empty index: every position is
+                n_new = self._count_absent(keys)  # absent, no count, no compile of it)
             if self.n_full + self.n_deleted + n_new > MAX_LOAD * self.capacity:
                 self._rehash(self.n_full + n_new)
         self._reserve_rows(n_new)
@@ -228,7 +229,7 @@ class Shard(IndexedRows):
     def lookup(self, keys, out, exists):
         """out[i] = value of keys[i] or its initial value; exists[i] says which."""
         k.lookup(self.slots, self.mask, keys, self.values, out, exists,
-                 *self.columns["values"].init)
+                 np.empty(keys.shape[0], np.int64), *self.columns["values"].init)
 
     def find_rows(self, keys):
         rows = np.empty(keys.shape[0], np.int64)

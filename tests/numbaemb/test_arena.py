@@ -123,3 +123,23 @@ def test_populate_small_and_plain_arrays():
     populate(a)
     assert not a.any()
     populate(np.empty((0, 4), np.float32))
+
+
+def test_a_first_batch_into_an_empty_index_is_not_counted(monkeypatch):
+    """An empty shard sizes its index for its first batch without the count of absent
+    positions (every position is absent there: no compile of that kernel on a cold
+    start); later batches that must grow the index are counted, as before."""
+    counted = []
+    real = Shard._count_absent
+    monkeypatch.setattr(Shard, "_count_absent", lambda self, k: counted.append(k.size) or
+                        real(self, k))
+    s = Shard(dim=4, dtype=np.float32, init=(NORMAL, 0.0, 1.0, 3, np.zeros(4)))
+    first = np.array([7, 7, -1, 0, np.iinfo(np.int64).min, np.iinfo(np.int64).max] * 500)
+    rows, new = s.find_or_insert(first)
+    assert counted == [] and s.size == 5 and int(new.sum()) == 5
+    assert s.capacity == 4096                  # room for every position, as the count gave
+    more = np.arange(100, 100 + 3 * s.capacity, dtype=np.int64)
+    s.find_or_insert(more)
+    assert counted == [more.size] and s.size == 5 + more.size
+    keys, _ = s.export()
+    assert sorted(keys.tolist()) == sorted(set(first.tolist()) | set(more.tolist()))
