@@ -100,8 +100,7 @@ def lookup_tables(ptrs, sizes, masks, kinds, a, b, seeds, unique, n_uniq, n_abse
             inverse = _vec(p[7], n, np.int64)
             n_uniq[t] = _unique_serial(keys, _vec(p[6], n, np.int64), inverse)
         _lookup_serial(_vec(p[1], s, np.int64), masks[t], keys, _mat(p[2], r, d, like.dtype),
-                       out, exists, np.empty(n, np.int64), kinds[t], a[t], b[t], seeds[t],
-                       _vec(p[5], c, np.float64))
+                       out, exists, kinds[t], a[t], b[t], seeds[t], _vec(p[5], c, np.float64))
         if unique:
             n_absent[t] = _absent_rows(exists, inverse, out, n_uniq[t],
                                        _vec(p[8], n, np.bool_), _mat(p[9], n, d, like.dtype))

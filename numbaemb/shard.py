@@ -229,7 +229,7 @@ class Shard(IndexedRows):
     def lookup(self, keys, out, exists):
         """out[i] = value of keys[i] or its initial value; exists[i] says which."""
         k.lookup(self.slots, self.mask, keys, self.values, out, exists,
-                 np.empty(keys.shape[0], np.int64), *self.columns["values"].init)
+                 *self.columns["values"].init)
 
     def find_rows(self, keys):
         rows = np.empty(keys.shape[0], np.int64)

@@ -129,7 +129,7 @@ def test_lookup_hit_copies_miss_initialises(dtype):
     q = batch([77, INT64_MAX, 0, -1, 77, INT64_MIN, 5])
     out = np.empty((q.shape[0], DIM), dtype)
     exists = np.empty(q.shape[0], np.bool_)
-    k.lookup(slots, 31, q, values, out, exists, np.empty(q.shape[0], np.int64), *INIT)
+    k.lookup(slots, 31, q, values, out, exists, *INIT)
     m = index_map(slots)
     assert exists.tolist() == [x in m for x in q.tolist()]
     for i, x in enumerate(q.tolist()):
@@ -148,7 +148,7 @@ def test_lookup_constant_initializer():
     out = np.empty((3, DIM), np.float32)
     exists = np.empty(3, np.bool_)
     k.lookup(slots, 15, batch([1, INT64_MIN, INT64_MAX]), np.empty((0, DIM), np.float32),
-             out, exists, np.empty(3, np.int64), CONSTANT, 0.0, 0.0, 0, const)
+             out, exists, CONSTANT, 0.0, 0.0, 0, const)
     assert not exists.any()
     np.testing.assert_array_equal(out, np.tile(const.astype(np.float32), (3, 1)))
 
@@ -428,7 +428,7 @@ def test_large_batches_match_dict():
     q = rng.permutation(q)
     out = np.empty((q.size, DIM), np.float32)
     exists = np.empty(q.size, np.bool_)
-    k.lookup(slots, 4095, q, values, out, exists, np.empty(q.size, np.int64), *INIT)
+    k.lookup(slots, 4095, q, values, out, exists, *INIT)
     found = np.array([x in m for x in q.tolist()])
     np.testing.assert_array_equal(exists, found)
     np.testing.assert_array_equal(out[found], values[[m[x] for x in q[found].tolist()]])
