@@ -134,8 +134,14 @@ def register(directory, hashed=True):
         impl._locator_classes[:0] = ours
     _lock_saves()
     _light_loads()
-    _compile_lock.install(lambda cache: getattr(cache, "_numbaemb_ours", False))
+    _compile_lock.install(_is_ours)
     return True
+
+
+def _is_ours(cache):
+    """True for the on-disk cache of a function under a registered directory (marked
+    when the cache is made, see :func:`_lock_saves`)."""
+    return getattr(cache, "_numbaemb_ours", False)
 
 
 @contextlib.contextmanager
@@ -212,8 +218,7 @@ def _light_loads():
         return
 
     def load_overload(self, sig, target_context):
-        if not (getattr(self, "_numbaemb_ours", False)
-                and isinstance(target_context, CPUContext)):
+        if not (_is_ours(self) and isinstance(target_context, CPUContext)):
             return load(self, sig, target_context)
         start_runtime(target_context)
         with self._guard_against_spurious_io_errors():

@@ -15,12 +15,13 @@ needs_locks = pytest.mark.skipif(
 # not Numba's own overloads or ours without a disk cache, which every process compiles)
 LOG = """
 from numba.core import event
+from jit_kernels._cache import _is_ours
 compiled = []
 class Log(event.Listener):
     def on_start(self, e): pass
     def on_end(self, e):
         d = e.data["dispatcher"]
-        if getattr(getattr(d, "_cache", None), "_numbaemb_ours", False):
+        if _is_ours(getattr(d, "_cache", None)):
             compiled.append(f"{{d.py_func.__module__}}.{{d.py_func.__qualname__}}{suffix}")
 event.register("numba:compile", Log())
 """
