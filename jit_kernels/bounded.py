@@ -66,6 +66,7 @@ from .cpu_table import (ROWS_AHEAD, prefetch_probe, prefetch_read, prefetch_row,
 from .initializers import init_row
 from .bounded_groups import REPORT_CHUNK, by_range, report, shifted
 from .slots import DELETED, EMPTY, first_slot, next_slot
+from ._inner import inner
 
 LRU, LFU, EPOCH_LRU, EPOCH_LFU, CUSTOM = 0, 1, 2, 3, 4
 POLICIES = {"lru": LRU, "lfu": LFU, "epoch_lru": EPOCH_LRU, "epoch_lfu": EPOCH_LFU,
@@ -76,7 +77,7 @@ AHEAD = 8            # keys whose index slots are requested ahead of their turn
 SPEC = 8 * AHEAD     # _pass's work space of foreseen victims and written spans (int64)
 
 
-@njit(nogil=True, cache=True)
+@inner
 def touched(policy, old, given, epoch, clock, fresh, keep):
     """A key's score after this call finds it (``old``: its score) or inserts it;
     ``keep``: a custom-scored call without scores (an optimizer step) keeps a found
@@ -96,7 +97,7 @@ def touched(policy, old, given, epoch, clock, fresh, keep):
     return given
 
 
-@njit(nogil=True, cache=True)
+@inner
 def _find(slots, mask, key):
     s = first_slot(key, mask)
     for _ in range(mask + 1):
@@ -109,7 +110,7 @@ def _find(slots, mask, key):
     return -1
 
 
-@njit(nogil=True, cache=True)
+@inner
 def _probe(slots, mask, key, hi):
     """One pass along ``key``'s probe sequence: ``(its slot or -1, the first tombstone
     or empty slot before an empty one ends the sequence)``: where an absent key goes.
@@ -134,7 +135,7 @@ def _probe(slots, mask, key, hi):
     return np.int64(-1), free
 
 
-@njit(nogil=True, cache=True)
+@inner
 def _run_ends_before(slots, mask, v, hi):
     """Whether the run after slot ``v`` (the keys :func:`_vacate` may move) ends in an
     empty slot before slot ``hi``."""
@@ -146,7 +147,7 @@ def _run_ends_before(slots, mask, v, hi):
     return False
 
 
-@njit(nogil=True, cache=True)
+@inner
 def _victim(slots, mask, key, window, mscore, mark, batch, hold):
     """``(slot, score)`` of the lowest-scored key of ``key``'s window not in this call,
     or -1 (reads ``mscore`` only, contiguous; the minimum is kept with selects, so the
@@ -190,7 +191,7 @@ def find_present(slots, mask, keys, rows, where, mscore, mark, batch, hold):
         present_one(slots, mask, keys, rows, where, mscore, mark, batch, hold, i)
 
 
-@njit(nogil=True, cache=True)
+@inner
 def present_one(slots, mask, keys, rows, where, mscore, mark, batch, hold, i):
     """:func:`find_present` for position ``i`` (the body the CUDA kernel runs too)."""
     s = _find(slots, mask, keys[i])
@@ -210,7 +211,7 @@ def forget(slots, mask, keys, mscore):
         forget_one(slots, mask, keys, mscore, i)
 
 
-@njit(nogil=True, cache=True)
+@inner
 def forget_one(slots, mask, keys, mscore, i):
     s = _find(slots, mask, keys[i])
     if s >= 0:
@@ -235,7 +236,7 @@ def restore_scores(slots, mask, keys, where, scores, mscore):
         restore_one(slots, mask, keys, where, scores, mscore, i)
 
 
-@njit(nogil=True, cache=True)
+@inner
 def restore_one(slots, mask, keys, where, scores, mscore, i):
     s = where[i]
     if s >= 0:
@@ -253,14 +254,14 @@ def sync_meta(slots, scores, mscore, mark):
         sync_one(slots, scores, mscore, mark, s)
 
 
-@njit(nogil=True, cache=True)
+@inner
 def sync_one(slots, scores, mscore, mark, s):
     r = slots[2 * s + 1]
     mscore[s] = scores[r] if r >= 0 else MAX
     mark[s] = 0
 
 
-@njit(nogil=True, cache=True)
+@inner
 def _vacate(slots, mask, v, mscore, mark, marks):
     """Empty slot ``v`` without a tombstone: each later key of its run whose probe
     sequence passes the hole moves back into it (with its ``mscore``, and its ``mark``
@@ -312,7 +313,7 @@ def ranges_for(capacity, window):
     return min(1 << (n.bit_length() - 1), 1024) if n >= 2 else 1
 
 
-@njit(nogil=True, cache=True)
+@inner
 def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, hold, rows, where,
           inserted, free_rows, n_free, fresh_start, size, limit, window, policy, epoch, clock,
           keep, hi, ev_keys, ev_rows, ev_pos, e0, deferred, held, spec):
@@ -459,7 +460,7 @@ def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, hold
     return taken, n_ev, d_deleted, size, n_def
 
 
-@njit(nogil=True, cache=True)
+@inner
 def _wrote(spec, t, h, s, mask):
     """:func:`_pass`'s record that position ``t`` (home slot ``h``) wrote index slot
     ``s`` (at or after ``h`` along the probe sequence): its span ``[h, s]``."""
@@ -467,7 +468,7 @@ def _wrote(spec, t, h, s, mask):
     spec[3 * F + t % F] = max(spec[3 * F + t % F], ((s - h) & mask) + 1)
 
 
-@njit(nogil=True, cache=True)
+@inner
 def _foreseen(spec, t, h, mask, window):
     """The victim :func:`_pass` foresaw for position ``t`` (home slot ``h``) ``AHEAD``
     positions before, ``(slot, score)``, if none of the positions since wrote a slot
@@ -489,14 +490,14 @@ def _foreseen(spec, t, h, mask, window):
     return v, spec[F + t % F]
 
 
-@njit(nogil=True, cache=True)
+@inner
 def _works(n):
     """:func:`_pass`'s work space on the CPU for ``n`` passes, one allocation: row g,
     ``(held, spec)`` = ``_row_work(work, g)``."""
     return np.empty((n, DEFER_KEYS + SPEC), np.int64)
 
 
-@njit(nogil=True, cache=True)
+@inner
 def _row_work(work, g):
     return work[g, :DEFER_KEYS], work[g, DEFER_KEYS:]
 
@@ -642,7 +643,7 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
 
 
 # ---- a fill in ranges: per-position bodies (a GPU runs them a thread each) ---------------
-@njit(nogil=True, cache=True)
+@inner
 def slot_row_one(rows, where, scores, mscore, i):
     """Before the ranges of a fill: a present key's score goes beside its slot
     (``mscore``) and its slot stands in for its row, as a new key's does."""
@@ -651,7 +652,7 @@ def slot_row_one(rows, where, scores, mscore, i):
         rows[i] = where[i]
 
 
-@njit(nogil=True, cache=True)
+@inner
 def range_rows(starts, g, base, slots, rows, where, inserted, deferred, scores, mscore,
                free_rows, n_free, fresh_start):
     """After the ranges of a fill, range ``g``'s positions (``starts[g]:starts[g + 1]``

@@ -13,6 +13,7 @@ runs too, :mod:`jit_kernels.cuda_bounded`).
 from numba import njit
 
 from .halfs import load, store
+from ._inner import inner
 
 
 @njit(nogil=True, cache=True)
@@ -25,7 +26,7 @@ def accum_plan(order, starts, present, exists, touch):
         plan_group(order, starts, present, exists, touch, g)
 
 
-@njit(nogil=True, cache=True)
+@inner
 def plan_group(order, starts, present, exists, touch, g):
     """:func:`accum_plan` for group ``g`` (the body a GPU thread runs too)."""
     touch[g] = -1
@@ -50,7 +51,7 @@ def accum_apply(order, starts, touch, touch_rows, present, values, old, new, exi
                     values.shape[0], old, new, exists, rows, inserted, g)
 
 
-@njit(nogil=True, cache=True)
+@inner
 def apply_group(order, starts, touch, touch_rows, present, values, spill, split, old, new,
                 exists, rows, inserted, g):
     """:func:`accum_apply` for group ``g`` (groups touch disjoint rows: a GPU runs them

@@ -12,9 +12,10 @@ import numpy as np
 from numba import njit, prange
 
 from .slots import first_slot
+from ._inner import inner
 
 
-@njit(nogil=True, cache=True)
+@inner
 def stable_groups(ids, n_groups):
     """``(order, starts)``: the positions of ``ids`` (n,) in ``[0, n_groups)`` grouped
     by id, ascending in a group (a counting sort); group g is
@@ -81,7 +82,7 @@ def by_range(mask, keys, given, rows, where, n_ranges, with_given=True):
     return starts, rank, k2, g2, r2, w2
 
 
-@njit(nogil=True, cache=True)
+@inner
 def shifted_range(mask, keys, rows, where, i, n_ranges):
     """Position ``i``'s range of round two (the ranges shifted by half a range): g in
     ``[1, n_ranges)`` for the slots ``[(g - 1/2) * span, (g + 1/2) * span)`` (present
@@ -92,7 +93,7 @@ def shifted_range(mask, keys, rows, where, i, n_ranges):
     return g if 1 <= g < n_ranges else n_ranges
 
 
-@njit(nogil=True, cache=True)
+@inner
 def shifted(mask, keys, rows, where, late, n_ranges, deferred):
     """Round two of :func:`jit_kernels.bounded.bounded_insert_ranges`: the deferred
     positions ``late`` (batch order) grouped by :func:`shifted_range` (group g - 1 its

@@ -9,6 +9,7 @@ import numpy as np
 from numba import njit, prange
 
 from .halfs import load
+from ._inner import inner
 
 _opts = dict(parallel=True, nogil=True, cache=True)
 
@@ -58,7 +59,7 @@ def keys_with_small_rows(slots, values, min_sq, out):
 # ---- per-slot bodies (the CPU passes above and jit_kernels.cuda_columns run them) ----
 # A column may be split in two arrays (a CUDA table's hybrid storage): row r is
 # ``col[r]`` below ``split``, else ``spill[r - split]``.
-@njit(nogil=True, cache=True)
+@inner
 def stale(slots, col, spill, split, threshold, s):
     """Whether slot ``s`` holds a key whose ``col[row, 0] < threshold``."""
     r = slots[2 * s + 1]
@@ -67,7 +68,7 @@ def stale(slots, col, spill, split, threshold, s):
     return (col[r, 0] if r < split else spill[r - split, 0]) < threshold
 
 
-@njit(nogil=True, cache=True)
+@inner
 def small(slots, values, spill, split, min_sq, s):
     """Whether slot ``s`` holds a key whose row's squared L2 norm is below ``min_sq``."""
     r = slots[2 * s + 1]

@@ -30,6 +30,7 @@ from ._twins import BySize
 from .initializers import init_row
 from .probing import accum_group, erase_key, find_or_insert_key, find_row, insert_unique
 from .slots import first_slot, is_full
+from ._inner import inner
 
 _opts = dict(parallel=True, nogil=True, cache=True)
 
@@ -66,7 +67,7 @@ prefetch_read = _prefetch_intrinsic(0)
 prefetch_write = _prefetch_intrinsic(1)
 
 
-@njit(nogil=True, cache=True)
+@inner
 def prefetch_slot(slots, mask, key, write):
     """Request the home slot of ``key``."""
     off = 2 * first_slot(key, mask) * slots.itemsize
@@ -76,7 +77,7 @@ def prefetch_slot(slots, mask, key, write):
         prefetch_read(slots, off)
 
 
-@njit(nogil=True, cache=True)
+@inner
 def prefetch_probe(slots, mask, key, write):
     """Request the home slot of ``key`` and the slot 3 on: the next cache line for 3 of
     the 4 places a slot can take in a line (at load 0.5 the probe of an absent key runs
@@ -90,7 +91,7 @@ def prefetch_probe(slots, mask, key, write):
         prefetch_read(slots, off + 6 * slots.itemsize)
 
 
-@njit(nogil=True, cache=True)
+@inner
 def prefetch_row(values, r, write):
     """Request every cache line of row ``r`` of a 2-D C-contiguous array."""
     width = values.shape[1] * values.itemsize

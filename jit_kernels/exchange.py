@@ -28,6 +28,7 @@ import numpy as np
 from numba import njit
 
 from .segment import unique_inverse
+from ._inner import inner
 
 __all__ = ["Plan", "plan", "default_owners", "bucket", "place", "first_flags"]
 
@@ -43,7 +44,7 @@ def owner_of(key, n_ranks, mask):
     return np.int64((np.uint64(key) & mask) % np.uint64(n_ranks))
 
 
-@njit(nogil=True, cache=True)
+@inner
 def _default_owners(keys, n_ranks, mask, out):
     for i in range(keys.shape[0]):
         out[i] = owner_of(keys[i], n_ranks, mask)
@@ -63,7 +64,7 @@ def default_owners(keys, n_ranks, bits=64):
     return out
 
 
-@njit(nogil=True, cache=True)
+@inner
 def bucket(owner, n_ranks, counts, send_pos):
     """Counting sort by owner, stable: ``counts[r]`` items for rank ``r`` and
     ``send_pos[j]`` the place of item ``j`` in the grouped order."""
@@ -82,7 +83,7 @@ def bucket(owner, n_ranks, counts, send_pos):
         start[r] += 1
 
 
-@njit(nogil=True, cache=True)
+@inner
 def place(uniq, send_pos, inverse, send_keys, slot):
     """``send_keys[send_pos[j]] = uniq[j]`` and ``slot[i] = send_pos[inverse[i]]``."""
     for j in range(uniq.shape[0]):

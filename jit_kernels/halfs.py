@@ -23,6 +23,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from .bitcast import bits_f32, f32_bits
+from ._inner import inner
 
 __all__ = ["F16_STORE", "BF16_STORE", "f32_to_f16", "f16_to_f32", "f32_to_bf16", "bf16_to_f32",
            "load", "store", "compute_cast", "sixteen", "widen", "narrow"]
@@ -34,13 +35,13 @@ _inline = dict(nogil=True, cache=True)    # small: LLVM inlines them
 _M32 = 0xFFFFFFFF
 
 
-@njit(**_inline)
+@inner(**_inline)
 def _u32(x):
     """The bits of float32 ``x`` as a non-negative int64."""
     return np.int64(f32_bits(x)) & _M32
 
 
-@njit(**_inline)
+@inner(**_inline)
 def f32_to_f16(x):
     """IEEE float16 bits (int64 in [0, 65535]) of float32 ``x``, rounded to nearest even."""
     f = _u32(x)
@@ -68,7 +69,7 @@ def f32_to_f16(x):
     return sign | h
 
 
-@njit(**_inline)
+@inner(**_inline)
 def f16_to_f32(h):
     """The float32 value of IEEE float16 bits ``h`` (any integer; low 16 bits used)."""
     h = np.int64(h) & 0xFFFF
@@ -88,7 +89,7 @@ def f16_to_f32(h):
     return bits_f32(sign | (e << 23) | ((m & 0x3FF) << 13))
 
 
-@njit(**_inline)
+@inner(**_inline)
 def f32_to_bf16(x):
     """bfloat16 bits (int64 in [0, 65535]) of float32 ``x``, rounded to nearest even."""
     f = _u32(x)
@@ -97,7 +98,7 @@ def f32_to_bf16(x):
     return ((f + 0x7FFF + ((f >> 16) & 1)) >> 16) & 0xFFFF
 
 
-@njit(**_inline)
+@inner(**_inline)
 def bf16_to_f32(h):
     """The float32 value of bfloat16 bits ``h`` (any integer; low 16 bits used)."""
     return bits_f32((np.int64(h) & 0xFFFF) << 16)

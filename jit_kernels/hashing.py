@@ -8,7 +8,7 @@ the same way on CPU and CUDA.
 True
 """
 import numpy as np
-from numba import njit
+from ._inner import inner
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xFF51AFD7ED558CCD)
@@ -16,7 +16,7 @@ _M2 = np.uint64(0xC4CEB9FE1A85EC53)
 _S33 = np.uint64(33)
 
 
-@njit(nogil=True, cache=True)
+@inner
 def mix64(x):
     """MurmurHash3's 64-bit finaliser: a bijection on uint64 with full avalanche."""
     x = np.uint64(x)
@@ -28,7 +28,7 @@ def mix64(x):
     return x
 
 
-@njit(nogil=True, cache=True)
+@inner
 def hash_key(key):
     """Hash an int64 key (any value) to a uint64."""
     return mix64(np.uint64(np.int64(key)) + GOLDEN)

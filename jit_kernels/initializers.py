@@ -60,7 +60,7 @@ import math
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload, typeof_impl
 
@@ -68,6 +68,7 @@ from .bitcast import bits_f32, f32_bits
 from .halfs import sixteen, store
 
 from .hashing import GOLDEN, hash_key, mix64
+from ._inner import inner
 
 ZEROS, CONSTANT, UNIFORM, NORMAL, TRUNCATED_NORMAL = 0, 1, 2, 3, 4
 
@@ -113,31 +114,31 @@ _opts = dict(nogil=True, cache=True, error_model="numpy")
 _inline = dict(_opts, inline="always")
 
 
-@njit(nogil=True, cache=True)
+@inner
 def key_stream(seed, key):
     """Per-(seed, key) stream state from which columns are drawn."""
     return mix64(hash_key(key) ^ mix64(np.uint64(np.int64(seed)) * GOLDEN))
 
 
-@njit(nogil=True, cache=True)
+@inner
 def pair_bits(stream, j):
     """The 64 random bits of columns ``2j`` (low half) and ``2j + 1`` (high half)."""
     return mix64(stream + np.uint64(j + 1) * GOLDEN)
 
 
-@njit(nogil=True, cache=True)
+@inner
 def col_bits(stream, col):
     """Column ``col``'s 32 random bits (as a uint64 below 2**32)."""
     return (pair_bits(stream, col >> 1) >> (np.uint64(col & 1) * _S32)) & _LOW32
 
 
-@njit(nogil=True, cache=True)
+@inner
 def bits_to_uniform(bits):
     """float32 ``(k + 0.5) / 2**23`` from the top 23 of 32 bits: exact, in (0, 1)."""
     return mul(_f(np.int32(bits >> _S9)), _TWO_M23) + _TWO_M24
 
 
-@njit(nogil=True, cache=True)
+@inner
 def uniform01(stream, col):
     """Uniform float32 in (0, 1) for one column of a key's stream."""
     return bits_to_uniform(col_bits(stream, col))
@@ -163,7 +164,7 @@ def mul(typingctx, x, y):
     return types.float32(types.float32, types.float32), codegen
 
 
-@njit(**_inline)
+@inner(**_inline)
 def poly8(x, c8, c7, c6, c5, c4, c3, c2, c1, c0):
     """``c8 x**8 + c7 x**7 + ... + c0`` by Estrin's scheme: four independent pairs,
     then two, then one, so the chain of dependent operations is 4 deep, not 9."""
@@ -174,7 +175,7 @@ def poly8(x, c8, c7, c6, c5, c4, c3, c2, c1, c0):
     return (lo + mul(hi, x4)) + mul(c8, mul(x4, x4))
 
 
-@njit(**_inline)
+@inner(**_inline)
 def log32(x):
     """Natural logarithm of a positive, normal float32 ``x``, as float32.
 
@@ -197,14 +198,14 @@ def log32(x):
     return f + y + mul(e, LN2_HI)
 
 
-@njit(**_inline)
+@inner(**_inline)
 def ppf_w(p):
     """``w = -log(4 t (1 - t))``, ``t = min(p, 1 - p)`` (exact): Giles' variable."""
     t = min(p, _ONE32 - p)
     return -log32(mul(mul(_FOUR, t), _ONE32 - t))
 
 
-@njit(**_inline)
+@inner(**_inline)
 def ppf_near(p, w):
     """``normal_ppf(p)`` for ``w = ppf_w(p) < 5``: a polynomial in ``w - 2.5``."""
     v = w - _F2_5
@@ -212,7 +213,7 @@ def ppf_near(p, w):
     return mul(mul(SQRT2, g), mul(_TWO32, p) - _ONE32)
 
 
-@njit(**_inline)
+@inner(**_inline)
 def ppf_far(p, w):
     """``normal_ppf(p)`` for ``w >= 5`` (|z| > 2.93): a polynomial in ``sqrt(w) - 3``."""
     v = math.sqrt(w) - _THREE
@@ -220,7 +221,7 @@ def ppf_far(p, w):
     return mul(mul(SQRT2, h), mul(_TWO32, p) - _ONE32)
 
 
-@njit(**_inline)
+@inner(**_inline)
 def normal_ppf(p):
     """Inverse standard normal CDF of a float32 ``p`` in (0, 1), as float32.
 
@@ -233,7 +234,7 @@ def normal_ppf(p):
     return ppf_near(p, w) if w < _FIVE else ppf_far(p, w)
 
 
-@njit(**_inline)
+@inner(**_inline)
 def normal_range(kind):
     """``(lo, span, lim)``: a draw is ``clip(normal_ppf(lo + span * u), -lim, lim)``.
 
@@ -246,7 +247,7 @@ def normal_range(kind):
     return _f(0.0), _ONE32, _INF
 
 
-@njit(**_opts)
+@inner(**_opts)
 def init_value(stream, col, kind, a, b, const):
     """Initial value of one column (float64 holding a float32 value, or ``const[col]``)."""
     if kind == ZEROS:
@@ -325,7 +326,7 @@ def _init_row_overload(dst, key, kind, a, b, seed, const):
                                                                     seed, const)
 
 
-@njit(**_opts)
+@inner(**_opts)
 def _init_row_16(dst, key, kind, a, b, seed, const):
     """:func:`init_row` for 16-bit float storage: each column's float32 value, rounded."""
     stream = key_stream(seed, key) if kind > CONSTANT else np.uint64(0)
@@ -333,7 +334,7 @@ def _init_row_16(dst, key, kind, a, b, seed, const):
         store(dst, c, np.float32(init_value(stream, c, kind, a, b, const)))
 
 
-@njit(**_opts)
+@inner(**_opts)
 def _init_row_wide(dst, key, kind, a, b, seed, const):
     """:func:`init_row` for float32 / float64 / integer rows, any kind."""
     if kind == ZEROS:
@@ -346,19 +347,19 @@ def _init_row_wide(dst, key, kind, a, b, seed, const):
         _init_normal(dst, key, kind, a, b, seed)
 
 
-@njit(**_opts)
+@inner(**_opts)
 def _fill_zeros(dst):
     for c in range(dst.shape[0]):
         dst[c] = 0
 
 
-@njit(**_opts)
+@inner(**_opts)
 def _fill_const(dst, const):
     for c in range(dst.shape[0]):
         dst[c] = const[c]
 
 
-@njit(**_inline)
+@inner(**_inline)
 def _uniforms(dst, key, seed):
     """dst[c] = the key's uniform of column c (float32 values in (0, 1))."""
     n = dst.shape[0]
@@ -371,7 +372,7 @@ def _uniforms(dst, key, seed):
         dst[n - 1] = bits_to_uniform(pair_bits(stream, n >> 1) & _LOW32)
 
 
-@njit(**_opts)
+@inner(**_opts)
 def _init_uniform(dst, key, a, b, seed):
     _uniforms(dst, key, seed)
     a32 = _f(a)
@@ -380,7 +381,7 @@ def _init_uniform(dst, key, a, b, seed):
         dst[c] = a32 + mul(d, _f(dst[c]))
 
 
-@njit(**_opts)
+@inner(**_opts)
 def _init_normal(dst, key, kind, a, b, seed):
     """The normal (``kind`` NORMAL) or the normal cut at 2 sd (TRUNCATED_NORMAL)."""
     _uniforms(dst, key, seed)

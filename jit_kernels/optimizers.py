@@ -42,13 +42,14 @@ from numba import njit, prange
 from .cpu_table import prefetch_row
 from .halfs import compute_cast, load, store
 from .segment import ROW_COST, serial_twin, threads_for
+from ._inner import inner
 
 _row = dict(nogil=True, cache=True, inline="always", error_model="numpy")
 ROWS_AHEAD = 8      # rows requested ahead of their update (see ``_prefetch``)
 _drv = dict(parallel=True, nogil=True, cache=True, error_model="numpy")
 
 
-@njit(**_row)
+@inner(**_row)
 def sgd_row(w, m, g, lr, momentum, nesterov):
     """Plain: ``w -= lr g``.  With momentum: ``m = momentum m - lr g``, then
     ``w += m`` or, Nesterov, ``w += momentum m - lr g``."""
@@ -67,7 +68,7 @@ def sgd_row(w, m, g, lr, momentum, nesterov):
             store(w, c, load(w, c) + m[c])
 
 
-@njit(**_row)
+@inner(**_row)
 def adagrad_row(w, acc, g, lr, epsilon):
     """``acc += g^2;  w -= lr g / sqrt(acc + epsilon)``."""
     lr_t, eps = compute_cast(w, lr), compute_cast(w, epsilon)
@@ -76,7 +77,7 @@ def adagrad_row(w, acc, g, lr, epsilon):
         store(w, c, load(w, c) - lr_t * g[c] / math.sqrt(acc[c] + eps))
 
 
-@njit(**_row)
+@inner(**_row)
 def adam_row(w, m, v, vhat, g, alpha, beta_1, beta_2, epsilon, amsgrad):
     """``m += (1 - beta_1)(g - m);  v += (1 - beta_2)(g^2 - v)``;
     amsgrad: ``vhat = max(vhat, v)`` and use ``vhat`` for ``v``;
@@ -97,7 +98,7 @@ def adam_row(w, m, v, vhat, g, alpha, beta_1, beta_2, epsilon, amsgrad):
             store(w, c, load(w, c) - m[c] * alpha_t / (math.sqrt(v[c]) + eps))
 
 
-@njit(**_row)
+@inner(**_row)
 def ftrl_row(w, acc, linear, g, lr, lr_power, l1, l2, l2_shrinkage, beta):
     """With ``p = -lr_power``, ``n' = acc + g^2``:
     ``linear += g + 2 l2_shrinkage w - (n'^p - acc^p) / lr * w``;
@@ -117,7 +118,7 @@ def ftrl_row(w, acc, linear, g, lr, lr_power, l1, l2, l2_shrinkage, beta):
         acc[c] = new_acc
 
 
-@njit(**_row)
+@inner(**_row)
 def rmsprop_row(w, vel, mom, avg, g, lr, rho, momentum, epsilon, centered):
     """``vel = rho vel + (1 - rho) g^2``; centered: ``avg = rho avg + (1 - rho) g``
     and ``den = vel - avg^2 + epsilon``, else ``den = vel + epsilon``;
@@ -147,7 +148,7 @@ def rmsprop_row(w, vel, mom, avg, g, lr, rho, momentum, epsilon, centered):
             store(w, c, load(w, c) - lr_t * g[c] / math.sqrt(vel[c] + eps))
 
 
-@njit(nogil=True, cache=True, inline="always")
+@inner(inline="always")
 def _prefetch(rows, i, a, b, c, d):
     """Request the rows ``ROWS_AHEAD`` positions on in the (up to four) arrays updated
     in place; a table is far larger than the caches, so each row is a cache miss."""
@@ -160,7 +161,7 @@ def _prefetch(rows, i, a, b, c, d):
         prefetch_row(d, r, True)
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@inner(error_model="numpy")
 def start_row(w, w0, a, b, c, s0):
     """A new row's starting values, written just before its first update: slots ``a``,
     ``b``, ``c`` get the constants ``s0[0..2]``, then ``w = w0``.  An optimizer's

@@ -13,14 +13,14 @@ word).  ``find_slot`` is read-only; it may run beside inserts only with
 >>> int(find_slot(s, 7, -1)) >= 0
 True
 """
-from numba import njit
 
 from .atomics import cas, claim, load_acquire, store_release
 from .halfs import load, store
 from .slots import BUSY, DELETED, EMPTY, first_slot, is_busy, is_empty, is_full, next_slot
+from ._inner import inner
 
 
-@njit(nogil=True, cache=True)
+@inner
 def find_slot(slots, mask, key, synced=False):
     """Slot index holding ``key``, or -1 when absent.
 
@@ -39,7 +39,7 @@ def find_slot(slots, mask, key, synced=False):
     return -1
 
 
-@njit(nogil=True, cache=True)
+@inner
 def find_row(slots, mask, key, synced=False):
     """Row of ``key`` in the value arena, or -1 when absent (``synced``: see find_slot)."""
     s = find_slot(slots, mask, key, synced)
@@ -48,7 +48,7 @@ def find_row(slots, mask, key, synced=False):
     return slots[2 * s + 1]
 
 
-@njit(nogil=True, cache=True)
+@inner
 def find_row_x4(slots, mask, key):
     """:func:`find_row`'s result for a read-only pass, four slots a step: a step's
     eight loads (four keys, four row words, the same 64 bytes) issue together, so a
@@ -79,7 +79,7 @@ def find_row_x4(slots, mask, key):
     return -1
 
 
-@njit(nogil=True, cache=True)
+@inner
 def take_row(alloc, free_rows, n_free, fresh_start):
     """Hand out one row: first from the free list (top down), then fresh rows.
 
@@ -92,7 +92,7 @@ def take_row(alloc, free_rows, n_free, fresh_start):
     return fresh_start + (c - n_free)
 
 
-@njit(nogil=True, cache=True)
+@inner
 def find_or_insert_key(slots, mask, key, alloc, free_rows, n_free, fresh_start):
     """Row of ``key``, inserting it with a newly taken row when absent.
 
@@ -121,7 +121,7 @@ def find_or_insert_key(slots, mask, key, alloc, free_rows, n_free, fresh_start):
     return -1, False
 
 
-@njit(nogil=True, cache=True)
+@inner
 def insert_unique(slots, mask, key, row):
     """Place ``key -> row`` for a key known to be absent (rehash, bulk load)."""
     s = first_slot(key, mask)
@@ -135,7 +135,7 @@ def insert_unique(slots, mask, key, row):
     return -1
 
 
-@njit(nogil=True, cache=True)
+@inner
 def erase_key(slots, mask, key):
     """Turn ``key``'s slot into a tombstone; returns the freed row or -1.
 
@@ -150,7 +150,7 @@ def erase_key(slots, mask, key):
     return -1
 
 
-@njit(nogil=True, cache=True)
+@inner
 def accum_group(slots, mask, keys, order, lo, hi, values, spill, split, old, new, exists,
                 rows, inserted, alloc, free_rows, n_free, fresh_start):
     """Replay TFRA ``accum`` for one key's positions ``order[lo:hi]`` in batch order.

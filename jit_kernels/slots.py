@@ -18,37 +18,37 @@ linear: start at ``hash_key(key) & mask`` and step by one.  Only the functions
 here look at row-word values; kernels ask ``is_full`` / ``is_empty``.
 """
 import numpy as np
-from numba import njit
 
 from .hashing import hash_key
+from ._inner import inner
 
 EMPTY = -1
 DELETED = -2
 BUSY = -3
 
 
-@njit(nogil=True, cache=True)
+@inner
 def is_full(word):
     return word >= 0
 
 
-@njit(nogil=True, cache=True)
+@inner
 def is_empty(word):
     return word == EMPTY
 
 
-@njit(nogil=True, cache=True)
+@inner
 def is_busy(word):
     return word == BUSY
 
 
-@njit(nogil=True, cache=True)
+@inner
 def first_slot(key, mask):
     """Home slot of ``key``."""
     return np.int64(hash_key(key) & np.uint64(mask))
 
 
-@njit(nogil=True, cache=True)
+@inner
 def next_slot(slot, mask):
     """Slot probed after ``slot`` (linear probing)."""
     return (slot + 1) & mask

@@ -23,6 +23,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from .segment import PARALLEL_MIN
+from ._inner import inner
 
 __all__ = ["pack", "fingerprint64", "level0_ids", "deep_ids", "equal_to", "gather_bytes",
            "ID_MOD"]
@@ -85,17 +86,17 @@ _fetch64 = _load_intrinsic(8)
 _fetch32 = _load_intrinsic(4)
 
 
-@njit(nogil=True, cache=True, inline="always")
+@inner(inline="always")
 def _rot(v, s):
     return (v >> np.uint64(s)) | (v << np.uint64(64 - s))
 
 
-@njit(nogil=True, cache=True, inline="always")
+@inner(inline="always")
 def _shift_mix(v):
     return v ^ (v >> np.uint64(47))
 
 
-@njit(nogil=True, cache=True, inline="always")
+@inner(inline="always")
 def _len16(u, v, mul):
     a = (u ^ v) * mul
     a ^= a >> np.uint64(47)
@@ -104,7 +105,7 @@ def _len16(u, v, mul):
     return b * mul
 
 
-@njit(nogil=True, cache=True)
+@inner
 def _len0to16(b, s, n):
     ln = np.uint64(n)
     if n >= 8:
@@ -128,7 +129,7 @@ def _len0to16(b, s, n):
     return K2
 
 
-@njit(nogil=True, cache=True, inline="always")
+@inner(inline="always")
 def _ends(b, s, n, ka):
     """The words both mid-length bands start from: ``(a, b, c, d, mul)``."""
     mul = K2 + np.uint64(n) * np.uint64(2)
@@ -136,13 +137,13 @@ def _ends(b, s, n, ka):
             _fetch64(b, s + n - 16) * K2, mul)
 
 
-@njit(nogil=True, cache=True)
+@inner
 def _len17to32(b, s, n):
     a, bb, c, d, mul = _ends(b, s, n, K1)
     return _len16(_rot(a + bb, 43) + _rot(c, 30) + d, a + _rot(bb + K2, 18) + c, mul)
 
 
-@njit(nogil=True, cache=True)
+@inner
 def _len33to64(b, s, n):
     a, bb, c, d, mul = _ends(b, s, n, K2)
     y = _rot(a + bb, 43) + _rot(c, 30) + d
@@ -154,7 +155,7 @@ def _len33to64(b, s, n):
     return _len16(_rot(e + f, 43) + _rot(g, 30) + h, e + _rot(f + a, 18) + g, mul)
 
 
-@njit(nogil=True, cache=True, inline="always")
+@inner(inline="always")
 def _weak32(b, p, a, c):
     """FarmHash's WeakHashLen32WithSeeds over the 32 bytes at ``p``: two words."""
     w, x, y, z = _fetch64(b, p), _fetch64(b, p + 8), _fetch64(b, p + 16), _fetch64(b, p + 24)
@@ -167,7 +168,7 @@ def _weak32(b, p, a, c):
     return a + z, c + t
 
 
-@njit(nogil=True, cache=True)
+@inner
 def _long(b, s, n):
     seed = np.uint64(81)
     x = seed
@@ -206,7 +207,7 @@ def _long(b, s, n):
     return _len16(_len16(v0, w0, mul) + _shift_mix(y) * K0 + z, _len16(v1, w1, mul) + x, mul)
 
 
-@njit(nogil=True, cache=True)
+@inner
 def fingerprint64(b, s, n):
     """FarmHash ``Fingerprint64`` of ``b[s:s + n]`` (uint64)."""
     if n <= 16:
@@ -256,7 +257,7 @@ def deep_ids(buf, starts, which, level):
     return out
 
 
-@njit(nogil=True, cache=True, inline="always")
+@inner(inline="always")
 def _equal_one(buf, starts, i, arena, a, n):
     s = starts[i]
     if starts[i + 1] - s != n:
