@@ -49,7 +49,8 @@ from .cpu_table import find_or_insert_rows as _find_or_insert, lookup as _lookup
 from .initializers import init_row
 from .optimizers import (_prefetch, adagrad_row, adam_row, ftrl_row, rmsprop_row, sgd_row,
                          start_row)
-from .segment import _segment_sum_serial, _unique_serial
+from .segment import _segment_sum_serial, _unique_serial_alloc
+from ._inner import inner
 
 __all__ = ["lookup_tables", "apply_tables", "addresses", "RULES"]
 
@@ -77,12 +78,12 @@ def _pointer(typingctx, address):
     return types.voidptr(types.int64), codegen
 
 
-@njit(nogil=True, cache=True, inline="always")
+@inner(inline="always")
 def _vec(address, n, dtype):
     return carray(_pointer(address), (n,), dtype)
 
 
-@njit(nogil=True, cache=True, inline="always")
+@inner(inline="always")
 def _mat(address, n, d, dtype):
     return carray(_pointer(address), (n, d), dtype)
 
@@ -98,7 +99,7 @@ def lookup_tables(ptrs, sizes, masks, kinds, a, b, seeds, unique, n_uniq, n_abse
             _vec(p[4], n, np.bool_)
         if unique:
             inverse = _vec(p[7], n, np.int64)
-            n_uniq[t] = _unique_serial(keys, _vec(p[6], n, np.int64), inverse)
+            n_uniq[t] = _unique_serial_alloc(keys, _vec(p[6], n, np.int64), inverse)
         _lookup_serial(_vec(p[1], s, np.int64), masks[t], keys, _mat(p[2], r, d, like.dtype),
                        out, exists, kinds[t], a[t], b[t], seeds[t], _vec(p[5], c, np.float64))
         if unique:
@@ -106,7 +107,7 @@ def lookup_tables(ptrs, sizes, masks, kinds, a, b, seeds, unique, n_uniq, n_abse
                                        _vec(p[8], n, np.bool_), _mat(p[9], n, d, like.dtype))
 
 
-@njit(nogil=True, cache=True)
+@inner
 def _absent_rows(exists, inverse, rows, u, valid, kept):
     """``valid[:u]`` marks the distinct ids some position found absent, ``kept[j]`` the
     row of such an id's last position; returns the number of absent positions."""
@@ -128,7 +129,7 @@ SGD, ADAGRAD, ADAM, FTRL, RMSPROP = 0, 1, 2, 3, 4
 RULES = {"sgd": SGD, "adagrad": ADAGRAD, "adam": ADAM, "ftrl": FTRL, "rmsprop": RMSPROP}
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@inner(error_model="numpy")
 def _update_row(rule, w, a, b, c, g, h, flag):
     """The ``{rule}_row`` body of :mod:`jit_kernels.optimizers` on one row: ``a``, ``b``,
     ``c`` its slot rows (unused ones: ``w``), ``h`` its scalars after the gradient."""
@@ -180,7 +181,7 @@ def apply_tables(rule, h, flag, s0, ptrs, sizes, masks, fresh_start, alloc, has_
                    _mat(p[15], u, d, v))
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@inner(error_model="numpy")
 def _step_rows(rule, h, flag, s0, keys, sums, rows, inserted, values, a, b, c, valid, kept,
                has_kept, kind, ia, ib, seed, const, w0):
     n = rows.shape[0]

@@ -49,6 +49,7 @@ from .atomics import cas, load_acquire
 from .cpu_table import find_or_insert_rows
 from .hashing import hash_key
 from .slots import empty_slots
+from ._inner import inner
 
 __all__ = ["unique_inverse", "segment_sum", "segment_sum_into", "gather_rows",
            "serial_twin", "threads_for", "PARALLEL_MIN", "ROW_COST"]
@@ -103,11 +104,11 @@ def unique_inverse(keys, out=None):
     keys = np.ascontiguousarray(keys, np.int64)
     n = keys.shape[0]
     uniq, inverse = (np.empty(n, np.int64), np.empty(n, np.int64)) if out is None else out
-    if threads_for(n) == 1:
-        u = _unique_serial(keys, uniq, inverse)
+    if threads_for(n) == 1:     # (its index from here: no allocation compiled with it)
+        u = _unique_serial(keys, uniq, inverse, np.empty(_index_slots(n), np.int64))
     else:
         # load <= 1/2 keeps probe sequences short; the index lives only for this call
-        slots = empty_slots(max(16, 1 << (2 * n - 1).bit_length()))
+        slots = empty_slots(_index_slots(n))
         race_ids, alloc = np.empty(n, np.int64), np.zeros(1, np.int64)
         find_or_insert_rows(slots, slots.shape[0] // 2 - 1, keys, race_ids,
                             np.empty(n, np.bool_), alloc, np.empty(0, np.int64), 0, 0)
@@ -116,17 +117,24 @@ def unique_inverse(keys, out=None):
     return (uniq[:u] if out is not None or 2 * u > n else uniq[:u].copy()), inverse
 
 
+def _index_slots(n):
+    """Slots of an index of ``n`` keys at load <= 1/2: a power of two, at least 16."""
+    return max(16, 1 << (2 * n - 1).bit_length())
+
+
 @njit(nogil=True, cache=True)
-def _unique_serial(keys, uniq, inverse):
-    """One pass, one thread, no atomics: a linear-probing index of ids (-1: empty
-    slot; any int64 is a key, the key of id ``j`` is ``uniq[j]``) at load <= 1/2.
-    Ids are handed out in first-occurrence order.  Returns the number of distinct keys."""
+def _unique_serial(keys, uniq, inverse, ids):
+    """One pass, one thread, no atomics: a linear-probing index of ids in ``ids``
+    (:func:`_index_slots` of the keys, any contents; -1: empty slot; any int64 is a
+    key, the key of id ``j`` is ``uniq[j]``) at load <= 1/2.  Ids are handed out in
+    first-occurrence order.  Returns the number of distinct keys.  (The index comes
+    from the caller: an allocation here, ``np.empty`` or ``np.full``, is an overload
+    that a cold process compiles with it, 0.08-0.18 s.)"""
     n = keys.shape[0]
-    cap = 16
-    while cap < 2 * n:
-        cap *= 2
+    cap = ids.shape[0]
     mask = np.uint64(cap - 1)
-    ids = np.full(cap, -1, np.int64)
+    for t in range(cap):
+        ids[t] = -1
     u = 0
     for i in range(n):
         key = keys[i]
@@ -146,7 +154,16 @@ def _unique_serial(keys, uniq, inverse):
     return u
 
 
-@njit(nogil=True, cache=True)
+@inner
+def _unique_serial_alloc(keys, uniq, inverse):
+    """:func:`_unique_serial` for a kernel, which allocates the index itself."""
+    cap = 16
+    while cap < 2 * keys.shape[0]:
+        cap *= 2
+    return _unique_serial(keys, uniq, inverse, np.empty(cap, np.int64))
+
+
+@inner
 def _atomic_min(arr, idx, value):
     old = load_acquire(arr, idx)
     while value < old:
