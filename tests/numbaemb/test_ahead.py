@@ -13,7 +13,8 @@ from tests.compile_log import log, needs_locks
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # inserts and lookups, then (with the helper done) an optimizer step: a float64 table
-# with uniform initial values and FTRL, so the plan must carry each of them
+# with uniform initial values and FTRL, so the plan must carry each of them; the step's
+# new ids make its insert count the absent ones first
 JOB = """
 import json
 import numpy as np
@@ -27,7 +28,8 @@ v.find_or_insert(ids)
 first = v.lookup(ids).tolist()
 helper = _ahead.helper()
 code = None if helper is None else helper.wait(timeout=300)
-ne.optimizers.apply_gradients(v, opt, ids, np.arange(35.0).reshape(7, 5), step=1)
+step_ids = np.concatenate([ids, np.arange(100, 140)])    # new ids: the insert counts them
+ne.optimizers.apply_gradients(v, opt, step_ids, np.arange(235.0).reshape(47, 5), step=1)
 print(json.dumps({"compiled": compiled, "helper": code, "first": first,
                   "after": v.lookup(ids).tolist()}))
 """
@@ -49,7 +51,7 @@ def test_a_cold_process_loads_the_step_kernels_its_helper_compiled(tmp_path):
     assert alone["helper"] is None and helped["helper"] == 0     # it ran and ended well
     assert helped["first"] == alone["first"] and helped["after"] == alone["after"]
     step = {"jit_kernels.optimizers._ftrl_rows__serial", "jit_kernels.segment._unique_serial",
-            "jit_kernels.segment._segment_sum_serial"}
+            "jit_kernels.segment._segment_sum_serial", "jit_kernels.cpu_table.find_rows__serial"}
     assert step <= set(alone["compiled"])
     assert not step & set(helped["compiled"])           # loaded what the helper compiled
     # a warm process starts no helper
