@@ -107,11 +107,19 @@ def prefetch_row(values, r, write):
         prefetch_read(values, start + width - 1)
 
 
-@njit(**_opts)
 def lookup(slots, mask, keys, values, out, exists, kind, a, b, seed, const):
-    """out[i] = values[row(keys[i])], or the key's initial value when absent."""
+    """out[i] = values[row(keys[i])], or the key's initial value when absent;
+    ``exists[i]`` whether the key is present (:func:`lookup_rows` with its scratch)."""
+    lookup_rows(slots, mask, keys, values, out, exists, kind, a, b, seed, const,
+                np.empty(keys.shape[0], np.int64))
+
+
+@njit(**_opts)
+def lookup_rows(slots, mask, keys, values, out, exists, kind, a, b, seed, const, rows):
+    """:func:`lookup`, given ``rows`` (n,) int64 to hold each key's row between the
+    probe pass and the copy (any contents).  (Not allocated here: an ``np.empty`` in a
+    kernel is an overload that every cold process compiles with it, 0.1 s.)"""
     n = keys.shape[0]
-    rows = np.empty(n, np.int64)
     for i in prange(n):                   # probe every key (slots requested ahead) ...
         if i + AHEAD < n:
             prefetch_slot(slots, mask, keys[i + AHEAD], False)
@@ -360,7 +368,7 @@ def export_by_row(slots, n_rows, n_chunks):
 # Small batches run the serial builds (a parallel launch costs more than their work; on
 # a 2-core VM, 4,096 keys: lookup of dim 16 23 against 155 us, find_rows 15 against
 # 76 us; rows of dim 64 from 8,192 keys on run in parallel): see jit_kernels._twins.
-lookup = BySize(lookup, 2, 4)
+lookup_rows = BySize(lookup_rows, 2, 4)
 find_rows = BySize(find_rows, 2)
 find_or_insert_rows = BySize(find_or_insert_rows, 2)
 init_rows = BySize(init_rows, 2, 0)

@@ -45,7 +45,7 @@ from numba import carray, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .cpu_table import find_or_insert_rows as _find_or_insert, lookup as _lookup
+from .cpu_table import find_or_insert_rows as _find_or_insert, lookup_rows as _lookup
 from .initializers import init_row
 from .optimizers import (_prefetch, adagrad_row, adam_row, ftrl_row, rmsprop_row, sgd_row,
                          start_row)
@@ -101,7 +101,8 @@ def lookup_tables(ptrs, sizes, masks, kinds, a, b, seeds, unique, n_uniq, n_abse
             inverse = _vec(p[7], n, np.int64)
             n_uniq[t] = _unique_serial_alloc(keys, _vec(p[6], n, np.int64), inverse)
         _lookup_serial(_vec(p[1], s, np.int64), masks[t], keys, _mat(p[2], r, d, like.dtype),
-                       out, exists, kinds[t], a[t], b[t], seeds[t], _vec(p[5], c, np.float64))
+                       out, exists, kinds[t], a[t], b[t], seeds[t], _vec(p[5], c, np.float64),
+                       np.empty(n, np.int64))
         if unique:
             n_absent[t] = _absent_rows(exists, inverse, out, n_uniq[t],
                                        _vec(p[8], n, np.bool_), _mat(p[9], n, d, like.dtype))
