@@ -26,11 +26,10 @@ kernels compile the helper's Python function for the GPU, as they do an
 >>> njit(lambda x: twice(x) + 1)(20)   # from a kernel: the wrapperless build
 41
 """
-import types
-
-from numba import njit
 from numba.core import dispatcher as _dispatcher
 from numba.core.registry import CPUDispatcher
+
+from ._twins import twin_of
 
 
 class _Compiler(_dispatcher._FunctionCompiler):
@@ -53,14 +52,7 @@ class InnerDispatcher(CPUDispatcher):
     def python_twin(self):
         """The same function under ``@njit`` with its wrappers (built on first use)."""
         if self._twin is None:
-            fn = self.py_func
-            twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "__py",
-                                      fn.__defaults__, fn.__closure__)
-            twin.__qualname__ = fn.__qualname__ + "__py"
-            twin.__module__, twin.__doc__ = fn.__module__, fn.__doc__
-            opts = {k: v for k, v in self.targetoptions.items() if k != "nopython"}
-            cached = type(self._cache).__name__ != "NullCache"
-            self._twin = njit(cache=cached, **opts)(twin)
+            self._twin = twin_of(self, "__py")
         return self._twin
 
     def __call__(self, *args, **kws):

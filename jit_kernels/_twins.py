@@ -12,24 +12,30 @@ import types
 from numba import njit
 
 
-def serial_twin(dispatcher):
-    """The ``parallel=False`` build of a ``@njit(parallel=True)`` driver (``prange`` is
-    ``range`` there), from the same Python function.
+def twin_of(dispatcher, suffix, **options):
+    """An ``@njit`` build of ``dispatcher``'s Python function under the name + ``suffix``,
+    with its options (and caching) but ``options``.
 
-    The copy gets its own ``__qualname__`` (suffix ``__serial``): Numba's on-disk cache
-    is named by qualname and keyed by signature, not by the ``parallel`` flag, so a
-    twin under the same name would load the other build's machine code.
+    The copy gets its own ``__qualname__``: Numba's on-disk cache is named by qualname
+    and keyed by signature, not by the build's flags, so a twin under the same name
+    would load the other build's machine code.
     """
     fn = dispatcher.py_func
-    twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "__serial",
+    twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + suffix,
                               fn.__defaults__, fn.__closure__)
-    twin.__qualname__ = fn.__qualname__ + "__serial"
+    twin.__qualname__ = fn.__qualname__ + suffix
     twin.__doc__ = fn.__doc__
     twin.__module__ = fn.__module__
-    opts = {k: v for k, v in dispatcher.targetoptions.items()
-            if k not in ("parallel", "nopython")}
+    opts = {k: v for k, v in dispatcher.targetoptions.items() if k != "nopython"}
+    opts.update(options)
     cached = type(dispatcher._cache).__name__ != "NullCache"
-    return njit(parallel=False, cache=cached, **opts)(twin)
+    return njit(cache=cached, **opts)(twin)
+
+
+def serial_twin(dispatcher):
+    """The ``parallel=False`` build of a ``@njit(parallel=True)`` driver (``prange`` is
+    ``range`` there), from the same Python function (suffix ``__serial``)."""
+    return twin_of(dispatcher, "__serial", parallel=False)
 
 
 class BySize:
