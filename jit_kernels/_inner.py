@@ -64,7 +64,9 @@ def inner(fn=None, *, cache=True, **options):
     (see the module doc); usable bare (``@inner``) or with options
     (``@inner(inline="always")``)."""
     def build(f):
-        disp = InnerDispatcher(f, targetoptions={"nopython": True, "nogil": True, "boundscheck": None, **options})
+        # (the target options njit(nogil=True, **options) gives)
+        opts = {"nopython": True, "nogil": True, "boundscheck": None, **options}
+        disp = InnerDispatcher(f, targetoptions=opts)
         if cache:
             disp.enable_caching()
         return disp

@@ -61,12 +61,12 @@ True
 import numpy as np
 from numba import njit, prange
 
+from ._inner import inner
 from .cpu_table import (ROWS_AHEAD, prefetch_probe, prefetch_read, prefetch_row,
                         prefetch_write, rehash)
 from .initializers import init_row
 from .bounded_groups import REPORT_CHUNK, by_range, report, shifted
 from .slots import DELETED, EMPTY, first_slot, next_slot
-from ._inner import inner
 
 LRU, LFU, EPOCH_LRU, EPOCH_LFU, CUSTOM = 0, 1, 2, 3, 4
 POLICIES = {"lru": LRU, "lfu": LFU, "epoch_lru": EPOCH_LRU, "epoch_lfu": EPOCH_LFU,

@@ -12,8 +12,8 @@ runs too, :mod:`jit_kernels.cuda_bounded`).
 """
 from numba import njit
 
-from .halfs import load, store
 from ._inner import inner
+from .halfs import load, store
 
 
 @njit(nogil=True, cache=True)

@@ -11,8 +11,8 @@ in a group), and the call's evictions put back in the order of their positions.
 import numpy as np
 from numba import njit, prange
 
-from .slots import first_slot
 from ._inner import inner
+from .slots import first_slot
 
 
 @inner

@@ -8,8 +8,8 @@ passes' per-slot tests (:func:`stale`, :func:`small`) are the bodies that
 import numpy as np
 from numba import njit, prange
 
-from .halfs import load
 from ._inner import inner
+from .halfs import load
 
 _opts = dict(parallel=True, nogil=True, cache=True)
 

@@ -26,11 +26,11 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ._inner import inner
 from ._twins import BySize
 from .initializers import init_row
 from .probing import accum_group, erase_key, find_or_insert_key, find_row, insert_unique
 from .slots import first_slot, is_full
-from ._inner import inner
 
 _opts = dict(parallel=True, nogil=True, cache=True)
 

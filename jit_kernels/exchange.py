@@ -27,8 +27,8 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .segment import unique_inverse
 from ._inner import inner
+from .segment import unique_inverse
 
 __all__ = ["Plan", "plan", "default_owners", "bucket", "place", "first_flags"]
 

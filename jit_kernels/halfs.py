@@ -22,8 +22,8 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
-from .bitcast import bits_f32, f32_bits
 from ._inner import inner
+from .bitcast import bits_f32, f32_bits
 
 __all__ = ["F16_STORE", "BF16_STORE", "f32_to_f16", "f16_to_f32", "f32_to_bf16", "bf16_to_f32",
            "load", "store", "compute_cast", "sixteen", "widen", "narrow"]

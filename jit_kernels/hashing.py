@@ -8,6 +8,7 @@ the same way on CPU and CUDA.
 True
 """
 import numpy as np
+
 from ._inner import inner
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)

@@ -64,11 +64,11 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload, typeof_impl
 
+from ._inner import inner
 from .bitcast import bits_f32, f32_bits
 from .halfs import sixteen, store
 
 from .hashing import GOLDEN, hash_key, mix64
-from ._inner import inner
 
 ZEROS, CONSTANT, UNIFORM, NORMAL, TRUNCATED_NORMAL = 0, 1, 2, 3, 4
 

@@ -45,12 +45,12 @@ from numba import carray, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ._inner import inner
 from .cpu_table import find_or_insert_rows as _find_or_insert, lookup_rows as _lookup
 from .initializers import init_row
 from .optimizers import (_prefetch, adagrad_row, adam_row, ftrl_row, rmsprop_row, sgd_row,
                          start_row)
 from .segment import _segment_sum_serial, _unique_serial_alloc
-from ._inner import inner
 
 __all__ = ["lookup_tables", "apply_tables", "addresses", "RULES"]
 

@@ -39,10 +39,10 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from ._inner import inner
 from .cpu_table import prefetch_row
 from .halfs import compute_cast, load, store
 from .segment import ROW_COST, serial_twin, threads_for
-from ._inner import inner
 
 _row = dict(nogil=True, cache=True, inline="always", error_model="numpy")
 ROWS_AHEAD = 8      # rows requested ahead of their update (see ``_prefetch``)

@@ -14,10 +14,10 @@ word).  ``find_slot`` is read-only; it may run beside inserts only with
 True
 """
 
+from ._inner import inner
 from .atomics import cas, claim, load_acquire, store_release
 from .halfs import load, store
 from .slots import BUSY, DELETED, EMPTY, first_slot, is_busy, is_empty, is_full, next_slot
-from ._inner import inner
 
 
 @inner

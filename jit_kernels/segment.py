@@ -44,12 +44,12 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from ._inner import inner
 from ._twins import serial_twin
 from .atomics import cas, load_acquire
 from .cpu_table import find_or_insert_rows
 from .hashing import hash_key
 from .slots import empty_slots
-from ._inner import inner
 
 __all__ = ["unique_inverse", "segment_sum", "segment_sum_into", "gather_rows",
            "serial_twin", "threads_for", "PARALLEL_MIN", "ROW_COST"]

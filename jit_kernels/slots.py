@@ -19,8 +19,8 @@ here look at row-word values; kernels ask ``is_full`` / ``is_empty``.
 """
 import numpy as np
 
-from .hashing import hash_key
 from ._inner import inner
+from .hashing import hash_key
 
 EMPTY = -1
 DELETED = -2

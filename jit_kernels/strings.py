@@ -22,8 +22,8 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .segment import PARALLEL_MIN
 from ._inner import inner
+from .segment import PARALLEL_MIN
 
 __all__ = ["pack", "fingerprint64", "level0_ids", "deep_ids", "equal_to", "gather_bytes",
            "ID_MOD"]

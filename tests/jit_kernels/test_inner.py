@@ -1,5 +1,6 @@
 """``@inner`` helpers: built without Python-call wrappers for kernels, called from
 Python through a twin that has them, each with cache files of its own."""
+import json
 import os
 import subprocess
 import sys
@@ -71,7 +72,7 @@ def test_cached_builds_load_in_a_new_process(tmp_path):
                            capture_output=True, text=True) for _ in range(2)]
     for out in outs:
         assert out.returncode == 0, out.stderr[-2000:]
-    cold, warm = (eval(o.stdout.strip().splitlines()[-1]) for o in outs)
+    cold, warm = (json.loads(o.stdout.strip().splitlines()[-1]) for o in outs)
     assert cold[:2] == warm[:2] == [16 + 19, 16]
     assert cold[2:] == [0, 0] and warm[2:] == [1, 1]      # both loaded, not compiled
     files = [f for _, _, fs in os.walk(tmp_path / "cache") for f in fs]
