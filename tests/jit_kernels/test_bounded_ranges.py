@@ -284,7 +284,8 @@ def test_a_foreseen_victim_is_taken_only_while_it_is_the_window_s(monkeypatch):
             seen["dropped"] += 1
         return v, score
 
-    monkeypatch.setattr(kb, "_foreseen", checked)
+    Table(8, kb.LRU, 0).start(np.arange(4, dtype=np.int64))    # (compiles find_present
+    monkeypatch.setattr(kb, "_foreseen", checked)           # before its globals change)
     for name in ("prefetch_read", "prefetch_write"):        # (intrinsics: compiled only)
         monkeypatch.setattr(kb, name, lambda a, offset: None)
     rng = np.random.default_rng(5)
@@ -303,6 +304,47 @@ def test_a_foreseen_victim_is_taken_only_while_it_is_the_window_s(monkeypatch):
                          np.empty(n, np.int64), np.empty(n, np.int64), 0,
                          np.empty(0, np.bool_), held, spec)
     assert seen["taken"] > 1000 and seen["dropped"] > 100, seen
+
+
+def victim_oracle(slots, mask, key, window, mscore, mark, batch, hold):
+    """The rule of ``_victim``, written plainly: the first slot of the window with the
+    lowest score below ``hold``; with none and ``hold`` the largest score, the first
+    slot holding a key not marked by this call."""
+    h = int(first_slot(key, mask))
+    window_slots = [(h + t) & mask for t in range(window)]
+    low = min(mscore[s] for s in window_slots)
+    if low < hold:
+        s = next(s for s in window_slots if mscore[s] == low)
+        return s, low
+    if hold == kb.MAX:
+        for s in window_slots:
+            if slots[2 * s + 1] >= 0 and mark[s] != batch:
+                return s, kb.MAX
+    return -1, hold
+
+
+@given(st.data())
+@settings(max_examples=examples(60), deadline=None)
+def test_victim_is_the_first_lowest_scored_slot_of_the_window(data):
+    """``_victim`` (two halves searched side by side) against the plain rule: scores
+    from a few values, so ties across the halves are common; windows odd and even,
+    wrapping the index's end; ``hold`` below, among and above the scores."""
+    cap = data.draw(st.sampled_from([8, 16, 64]))
+    mask = cap - 1
+    rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 32 - 1)))
+    n_values = data.draw(st.integers(1, 4))
+    mscore = rng.integers(0, n_values, cap).astype(np.int64)
+    mscore[rng.random(cap) < 0.2] = kb.MAX
+    slots = empty_slots(cap)
+    full = rng.random(cap) < 0.7
+    slots[1::2][full] = np.flatnonzero(full)
+    mark = rng.integers(0, 3, cap).astype(np.int64)
+    hold = data.draw(st.sampled_from([0, 1, 2, n_values, kb.MAX]))
+    for key in list(rng.integers(-2 ** 63, 2 ** 63 - 1, 20)) + [-2 ** 63, 2 ** 63 - 1, -1, 0]:
+        for window in (1, 2, 3, 7, 8, 16, 31, 32, cap):
+            got = kb._victim(slots, mask, np.int64(key), window, mscore, mark, 2, np.int64(hold))
+            want = victim_oracle(slots, mask, np.int64(key), window, mscore, mark, 2, hold)
+            assert tuple(int(x) for x in got) == tuple(int(x) for x in want), (key, window)
 
 
 @pytest.mark.parametrize("n", [0, 1, 1023, 5000, 20_011])
