@@ -265,7 +265,7 @@ def test_an_lru_call_that_holds_its_clock_needs_no_restore(mode, keys, window, s
 
 
 def test_a_foreseen_victim_is_taken_only_while_it_is_the_window_s(monkeypatch):
-    """The pass looks for each new key's victim ``AHEAD`` positions early and takes that
+    """The pass looks for each new key's victim ``LEAD`` positions early and takes that
     one at the key's turn unless a position since wrote a slot of its window: run in
     Python, every victim taken so is checked against a fresh search of the window at
     that moment (small tables, small and large windows: both outcomes occur often)."""
@@ -280,7 +280,7 @@ def test_a_foreseen_victim_is_taken_only_while_it_is_the_window_s(monkeypatch):
         if v >= 0:
             assert (v, score) == tuple(fresh), (t, v, score, fresh)
             seen["taken"] += 1
-        elif spec[t % (2 * kb.AHEAD)] >= 0:
+        elif spec[t % (2 * kb.LEAD)] >= 0:
             seen["dropped"] += 1
         return v, score
 
