@@ -148,7 +148,7 @@ def main():
     ap.add_argument("--keys", type=int, default=1_000_000, help="keys in the full tables")
     ap.add_argument("--batch", type=int, default=100_000)
     ap.add_argument("--dim", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--evict", default="lru")
     ap.add_argument("--stream", type=int, default=2_000_000, help="ids in the stream test")
     ap.add_argument("--capacity", type=int, default=50_000, help="table size, stream test")
