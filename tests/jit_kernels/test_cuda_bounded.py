@@ -70,7 +70,7 @@ def check_same(table, keys, scores, n_ranges, kbc):
 def test_same_as_the_cpu_on_random_calls(kbc, n_ranges):
     """(The simulator runs the ranges' scans slowly: 2-4 s a call, so few calls.)"""
     rng = np.random.default_rng(n_ranges)
-    deferred = evicted = second = 0
+    deferred = evicted = 0
     for ex in range(5 if n_ranges else 20):
         window = [1, 2, 4, 8, 16][ex % 5]
         policy = sorted(kb.POLICIES.values())[ex % 5]
