@@ -62,18 +62,20 @@ import numpy as np
 from numba import njit, prange
 
 from ._inner import inner
-from .cpu_table import (ROWS_AHEAD, prefetch_probe, prefetch_read, prefetch_row,
-                        prefetch_write, rehash)
-from .initializers import init_row
 from .bounded_groups import REPORT_CHUNK, by_range, report, shifted
+from .bounded_rows import AHEAD, init_copy, range_rows, slot_row_one
+from .cpu_table import prefetch_probe, prefetch_read, prefetch_write, rehash
 from .slots import DELETED, EMPTY, first_slot, next_slot
+
+__all__ = ["find_present", "forget", "restore_scores", "sync_meta", "bounded_insert",
+           "bounded_insert_ranges", "absent_count", "init_copy", "rehash_serial", "ranges_for",
+           "POLICIES", "LRU", "LFU", "EPOCH_LRU", "EPOCH_LFU", "CUSTOM", "MAX"]
 
 LRU, LFU, EPOCH_LRU, EPOCH_LFU, CUSTOM = 0, 1, 2, 3, 4
 POLICIES = {"lru": LRU, "lfu": LFU, "epoch_lru": EPOCH_LRU, "epoch_lfu": EPOCH_LFU,
             "custom": CUSTOM}
 _LOW = np.int64(0xFFFFFFFF)
 MAX = np.int64(np.iinfo(np.int64).max)
-AHEAD = 8            # keys whose index slots are requested ahead of their turn
 LEAD = 2             # positions a pass (_pass) looks ahead (see there): range passes
 # of 100k new keys into a full 1M-key table took 6.6 / 6.2 / 6.0 / 6.3 ms with 8 / 4 / 2 / 1
 # (a victim foreseen nearer its turn is dropped less often and checked against fewer
@@ -661,61 +663,3 @@ def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch,
         per[ep[e] // REPORT_CHUNK + 1] += 1
     return taken + out[0], report(at, per, ek, er, ev_keys, ev_rows), made.sum() + out[2], \
         out[3]
-
-
-# ---- a fill in ranges: per-position bodies (a GPU runs them a thread each) ---------------
-@inner
-def slot_row_one(rows, where, scores, mscore, i):
-    """Before the ranges of a fill: a present key's score goes beside its slot
-    (``mscore``) and its slot stands in for its row, as a new key's does."""
-    if rows[i] >= 0:
-        mscore[where[i]] = scores[rows[i]]
-        rows[i] = where[i]
-
-
-@inner
-def range_rows(starts, g, base, slots, rows, where, inserted, deferred, scores, mscore,
-               free_rows, n_free, fresh_start):
-    """After the ranges of a fill, range ``g``'s positions (``starts[g]:starts[g + 1]``
-    of the arrays in range order) in order: each inserting one takes the call's next
-    new row (its ``base[g]``-th on: ``free_rows`` top down, then ``fresh_start`` on)
-    into its slot, and each one its key's row, which gets the score kept beside the
-    slot (``mscore`` keeps it too: the deferred keys, the last to run, cannot fill the
-    table, so no victim is looked for before :func:`restore_scores`).  The accesses
-    stay in the range's slots; the new rows are consecutive."""
-    k = base[g]
-    for t in range(starts[g], starts[g + 1]):
-        if t + AHEAD < starts[g + 1] and not deferred[t + AHEAD]:
-            prefetch_write(slots, 16 * where[t + AHEAD])    # (the range's slots have
-            prefetch_read(mscore, 8 * where[t + AHEAD])     # left the cache by now)
-        if deferred[t]:
-            continue
-        p = where[t]
-        if inserted[t]:
-            slots[2 * p + 1] = free_rows[n_free - 1 - k] if k < n_free \
-                else fresh_start + k - n_free
-            k += 1
-        r = slots[2 * p + 1]
-        rows[t] = r
-        scores[r] = mscore[p]
-
-
-@njit(nogil=True, cache=True, parallel=True)
-def init_copy(values, rows, keys, inserted, present, out, kind, a, b, seed, const):
-    """A bounded ``find_or_insert``'s values in one pass: each inserted row gets its
-    initial value, and ``out[i]`` (n, dim) the row of ``keys[i]`` where it is readable
-    (``present[i]`` when the call started, or the inserting position), else the key's
-    initial value (not admitted, or a repeat of a key this call inserted, whose row
-    another thread may not have written yet: the same bits)."""
-    n = rows.shape[0]
-    for i in prange(n):
-        if i + ROWS_AHEAD < n and rows[i + ROWS_AHEAD] >= 0:
-            prefetch_row(values, rows[i + ROWS_AHEAD], inserted[i + ROWS_AHEAD])
-        r = rows[i]
-        if inserted[i]:
-            init_row(values[r], keys[i], kind, a, b, seed, const)
-        if present[i] or inserted[i]:
-            for c in range(out.shape[1]):
-                out[i, c] = values[r, c]
-        else:
-            init_row(out[i], keys[i], kind, a, b, seed, const)
