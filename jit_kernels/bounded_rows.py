@@ -1,7 +1,9 @@
 """Rows of a bounded call (:mod:`jit_kernels.bounded`): a fill's new rows handed out
 range by range after the ranges placed their keys, and a ``find_or_insert``'s values
-(new rows' initial values and the output) in one pass.  Per-position bodies a GPU runs
-a thread each (:mod:`jit_kernels.cuda_bounded`).
+(new rows' initial values and the output) in one pass.  The fill's bodies are the
+GPU's too (:mod:`jit_kernels.cuda_bounded` runs :func:`slot_row_one` a thread a position
+and :func:`range_rows` a thread a range); its ``init_copy`` is its own kernel.
+``AHEAD`` is also :func:`jit_kernels.bounded.find_present`'s and ``restore_scores``'.
 
 >>> import numpy as np
 >>> values, out = np.zeros((4, 2), np.float32), np.empty((2, 2), np.float32)
