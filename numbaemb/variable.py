@@ -316,12 +316,20 @@ class Variable:
         return self.shards[index].size
 
     def export(self, column="values"):
-        """All keys (key dtype, shape (n,)) and their rows (shape (n, dim)), shard by shard."""
+        """All keys (key dtype, shape (n,)) and their rows (shape (n, dim)), shard by shard.
+
+        ``column``: ``"values"`` or another column of the table (an optimizer's slot,
+        e.g. ``"Adam/m"`` after an Adam step; a bounded table's ``"score"``); an unknown
+        name is a ``ValueError`` that lists the table's columns."""
         with self._lock.read():
             return self._export(column)
 
     def _export(self, column):
         """``export`` for a caller that holds the lock: shard keys (ids) and rows."""
+        names = self.shards[0].columns
+        if not isinstance(column, str) or column not in names:
+            raise ValueError(f"column must be one of the table's columns {sorted(names)}, "
+                             f"got {column!r}")
         parts = [s.export(column) for s in self.shards]
         keys = self._arrays.concat([p[0] for p in parts], self._id_dtype)
         rows = self._arrays.concat([p[1] for p in parts], parts[0][1].dtype)

@@ -342,6 +342,22 @@ def test_size_index_out_of_range(num_shards):
             v.size(bad)
 
 
+@pytest.mark.parametrize("num_shards", SHARDS)
+def test_export_of_an_unknown_column(num_shards):
+    """A ValueError that lists the columns there are (not a KeyError from inside)."""
+    v, keys = filled(num_shards)
+    ne.optimizers.apply_gradients(v, ne.optimizers.Adam(0.1), keys[:2],
+                                  np.ones((2, DIM), np.float32), step=1)
+    assert v.export("Adam/m")[1].shape == (keys.size, DIM)
+    for bad in ("nope", "m", 0, None):
+        with pytest.raises(ValueError, match=r"column must be one of .*'Adam/m'.*'values'"):
+            v.export(bad)
+    s = ne.Variable(DIM, key_dtype="string")
+    s.find_or_insert(np.array(["a"]))
+    with pytest.raises(ValueError, match="column"):
+        s.export("nope")
+
+
 # ---- get_variable ---------------------------------------------------------------------------
 
 def fresh_name():
