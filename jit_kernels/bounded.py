@@ -173,7 +173,7 @@ def _victim(slots, mask, key, window, mscore, mark, batch, hold):
 
     A window of a multiple of 32 slots that does not wrap (all but a few windows at
     the index's end) is searched 32 slots at a time in vector instructions
-    (:func:`jit_kernels.lanes.low32`; 2-3% of an evicting call); other windows in two
+    (:func:`jit_kernels.lanes.low32`; about 3% of an evicting call); other windows in two
     chains of selects side by side, the first half's minimum winning a tie (the
     same slot as one chain over the window, 25% faster: each select waits on the
     one before)."""
