@@ -65,7 +65,7 @@ from ._inner import inner
 from .bounded_groups import REPORT_CHUNK, by_range, report, shifted
 from .bounded_rows import AHEAD, init_copy, range_rows, slot_row_one
 from .cpu_table import prefetch_probe, prefetch_read, prefetch_write, rehash
-from .lanes import WIDTH, low32
+from .lanes import WIDTH, low32, vectors
 from .slots import DELETED, EMPTY, first_slot, next_slot
 
 __all__ = ["find_present", "forget", "restore_scores", "sync_meta", "bounded_insert",
@@ -173,12 +173,13 @@ def _victim(slots, mask, key, window, mscore, mark, batch, hold):
 
     A window of a multiple of 32 slots that does not wrap (all but a few windows at
     the index's end) is searched 32 slots at a time in vector instructions
-    (:func:`jit_kernels.lanes.low32`; about 3% of an evicting call); other windows in two
+    (:func:`jit_kernels.lanes.low32`; about 3% of an evicting call; CPU only); other
+    windows, and every window on a GPU, in two
     chains of selects side by side, the first half's minimum winning a tie (the
     same slot as one chain over the window, 25% faster: each select waits on the
     one before)."""
     h = first_slot(key, mask)
-    if window % WIDTH == 0 and h + window <= mask + 1:
+    if vectors() and window % WIDTH == 0 and h + window <= mask + 1:
         best, best_score = np.int64(-1), hold
         for o in range(h, h + window, WIDTH):
             low, t = low32(mscore, o)

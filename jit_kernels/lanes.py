@@ -2,9 +2,9 @@
 
 :func:`low32` finds the lowest of 32 int64 values and where it first occurs with a
 few vector minima and compares and no branch (the bounded table's victim search
-reads 32 scores a new key); on a GPU (a body shared with CUDA) it is two chains of
-selects side by side instead (:data:`low32_selects` is that form on a CPU, for
-tests).
+reads 32 scores a new key).  It is for the CPU: a body shared with CUDA takes it
+only where :func:`vectors` (a constant, False on a GPU) says so, and keeps its scalar
+code for the GPU.
 
 >>> import numpy as np
 >>> from numba import njit
@@ -51,48 +51,36 @@ def _vector_low(builder, base):
     return low, first
 
 
-def _scalar_low(builder, base):
-    """The same in selects (a GPU), two chains side by side (a thread's loads and
-    selects overlap), the first half's winning a tie."""
-    halves = []
-    for start in (0, WIDTH // 2):
-        low, first = builder.load(builder.gep(base, [_I64(start)])), _I64(start)
-        for t in range(start + 1, start + WIDTH // 2):
-            v = builder.load(builder.gep(base, [_I64(t)]))
-            below = builder.icmp_signed("<", v, low)
-            low = builder.select(below, v, low)
-            first = builder.select(below, _I64(t), first)
-        halves.append((low, first))
-    (l0, f0), (l1, f1) = halves
-    keep = builder.icmp_signed("<=", l0, l1)
-    return builder.select(keep, l0, l1), builder.select(keep, f0, f1)
+@intrinsic
+def low32(typingctx, arr, o):
+    """``(lowest, t)``: the lowest of the int64 ``arr[o:o + 32]`` and the first t with
+    ``arr[o + t]`` equal to it.  No bounds check: the caller keeps ``o + 32`` within
+    ``arr``.  CPU only: a body shared with CUDA asks :func:`vectors` first."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.int64 and arr.ndim == 1
+            and isinstance(o, types.Integer)):
+        return None
+    sig = types.UniTuple(types.int64, 2)(arr, o)
 
-
-def _low_intrinsic(scalar=None):
-    """The ``low32`` intrinsic: vectors on a CPU and selects on a GPU (``scalar``
-    None), or always selects (``scalar`` True: the GPU's code, tested on a CPU)."""
-    @intrinsic
-    def low32(typingctx, arr, o):
-        """``(lowest, t)``: the lowest of the int64 ``arr[o:o + 32]`` and the first t
-        with ``arr[o + t]`` equal to it.  No bounds check: the caller keeps ``o + 32``
-        within ``arr``."""
-        if not (isinstance(arr, types.Array) and arr.dtype == types.int64
-                and arr.ndim == 1 and isinstance(o, types.Integer)):
-            return None
-        sig = types.UniTuple(types.int64, 2)(arr, o)
-
-        def codegen(context, builder, sig, args):
+    def codegen(context, builder, sig, args):
+        if builder.module.triple.startswith("nvptx"):   # (not reached: the callers ask
+            low, first = _I64(0), _I64(0)              # vectors(); a GPU's compiler is
+        else:                                          # spared the vector intrinsics)
             data = context.make_array(sig.args[0])(context, builder, args[0]).data
             at = context.cast(builder, args[1], sig.args[1], types.int64)
-            base = builder.gep(data, [at])
-            gpu = scalar or builder.module.triple.startswith("nvptx")
-            low, first = (_scalar_low if gpu else _vector_low)(builder, base)
-            return context.make_tuple(builder, sig.return_type, [low, first])
+            low, first = _vector_low(builder, builder.gep(data, [at]))
+        return context.make_tuple(builder, sig.return_type, [low, first])
 
-        return sig, codegen
-
-    return low32
+    return sig, codegen
 
 
-low32 = _low_intrinsic()
-low32_selects = _low_intrinsic(scalar=True)     # (the GPU's form, for tests on a CPU)
+@intrinsic
+def vectors(typingctx):
+    """True where the code is compiled for a CPU, False for a GPU (a constant the
+    compiler folds: a body shared with CUDA keeps its scalar code for the GPU)."""
+    sig = types.boolean()
+
+    def codegen(context, builder, sig, args):
+        gpu = builder.module.triple.startswith("nvptx")
+        return context.get_constant(types.boolean, not gpu)
+
+    return sig, codegen

@@ -3,7 +3,7 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 from numba import njit
 
-from jit_kernels.lanes import WIDTH, low32, low32_selects
+from jit_kernels.lanes import WIDTH, low32, vectors
 from tests.sizing import examples
 
 I64 = np.iinfo(np.int64)
@@ -14,17 +14,11 @@ def _low(a, o):
     return low32(a, o)
 
 
-@njit(cache=False)
-def _low_selects(a, o):
-    return low32_selects(a, o)
-
-
 @given(st.data())
 @settings(max_examples=examples(200), deadline=None)
 def test_low32_is_the_first_lowest(data):
     """The lowest of ``a[o:o + 32]`` and its first place (numpy's ``argmin``), values
-    from a few (ties common), the int64 extremes among them, at every offset; the
-    vector form (CPU) and the selects (GPU) alike."""
+    from a few (ties common), the int64 extremes among them, at every offset."""
     n = data.draw(st.integers(WIDTH, 3 * WIDTH))
     pool = np.array(data.draw(st.lists(
         st.sampled_from([I64.min, I64.min + 1, -1, 0, 1, 7, I64.max - 1, I64.max]) |
@@ -34,16 +28,20 @@ def test_low32_is_the_first_lowest(data):
     for o in range(n - WIDTH + 1):
         w = a[o:o + WIDTH]
         want = (int(w.min()), int(np.argmin(w)))
-        for low, t in (_low(a, o), _low_selects(a, o)):
-            assert (int(low), int(t)) == want, (o, w)
+        low, t = _low(a, o)
+        assert (int(low), int(t)) == want, (o, w)
 
 
 def test_low32_reads_only_its_32_values():
     """Values around the 32 do not count (a lower one just before and after)."""
-    for low in (_low, _low_selects):
-        a = np.full(3 * WIDTH, 5, np.int64)
-        a[WIDTH - 1] = a[2 * WIDTH] = -9
-        a[WIDTH + 17] = 4
-        assert tuple(int(x) for x in low(a, WIDTH)) == (4, 17)
-        a[WIDTH + 17] = 5
-        assert tuple(int(x) for x in low(a, WIDTH)) == (5, 0)
+    a = np.full(3 * WIDTH, 5, np.int64)
+    a[WIDTH - 1] = a[2 * WIDTH] = -9
+    a[WIDTH + 17] = 4
+    assert tuple(int(x) for x in _low(a, WIDTH)) == (4, 17)
+    a[WIDTH + 17] = 5
+    assert tuple(int(x) for x in _low(a, WIDTH)) == (5, 0)
+
+
+def test_vectors_is_true_on_the_cpu():
+    """(The PTX test compiles the bounded kernels, with their vectors() False, for a GPU.)"""
+    assert njit(cache=False)(lambda: vectors())() is True
