@@ -456,5 +456,5 @@ def slot_values(variable, optimizer, slot_name, ids):
             if col is None:
                 continue
             hit, rows = shard.read_rows(optimizer.column(slot_name), k)
-            out[hit if pos is None else pos[hit]] = rows
+            out[hit if pos is None else variable._arrays.host(pos)[hit]] = rows
     return out.reshape(keys.shape + (variable.dim,))

@@ -17,3 +17,7 @@ settings.register_profile("ci", max_examples=60, deadline=None,
 settings.register_profile("long", max_examples=2000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("long" if os.environ.get("NUMBAEMB_LONG") == "1" else "ci")
+
+if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":     # device arrays as strict as a GPU's
+    from tests.cuda_support import strict_simulator_arrays
+    strict_simulator_arrays()

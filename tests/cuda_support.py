@@ -26,6 +26,26 @@ needs_cuda = pytest.mark.skipif(
 needs_real_gpu = pytest.mark.skipif(not REAL_GPU, reason="needs a real CUDA GPU (not the simulator)")
 
 
+def same_floats(actual, desired):
+    """``assert_same_floats`` as a bool (for checks that must agree on every MPI rank)."""
+    import numpy as np
+    actual, desired = np.asarray(actual), np.asarray(desired)
+    if SIMULATOR or desired.dtype.kind not in "fc" or actual.shape != desired.shape:
+        return np.array_equal(actual, desired)
+    return bool(np.allclose(actual, desired, rtol=1e-5, atol=1e-7))
+
+
+def float_gap(actual, desired):
+    """Where two float arrays differ most, for a failing check's message."""
+    import numpy as np
+    actual, desired = np.asarray(actual), np.asarray(desired)
+    if actual.shape != desired.shape or not actual.size:
+        return f"shapes {actual.shape} and {desired.shape}"
+    gap = np.abs(actual.astype(np.float64) - desired)
+    i = np.unravel_index(int(np.argmax(gap)), gap.shape)
+    return f"largest gap {gap[i]:.3g} at {i}: {actual[i]!r} against {desired[i]!r}"
+
+
 def assert_same_floats(actual, desired, err_msg=""):
     """Float arrays bit for bit under the simulator (the CPU's own bodies run there); within 1e-5
     relative on a GPU, whose compiler fuses multiply-adds and may round a pow, sqrt or
@@ -35,3 +55,41 @@ def assert_same_floats(actual, desired, err_msg=""):
         np.testing.assert_array_equal(actual, desired, err_msg=err_msg)
     else:
         np.testing.assert_allclose(actual, desired, rtol=1e-5, atol=1e-7, err_msg=err_msg)
+
+
+def strict_simulator_arrays():
+    """Make the simulator's device arrays refuse what a real GPU's refuse: indexing with an
+    array (a mask or positions), which numpy-backed simulator arrays would otherwise
+    accept, hiding a host-only expression from every simulator run. Called once from
+    ``tests/conftest.py`` under the simulator."""
+    import numpy as np
+    from numba.cuda.simulator.cudadrv.devicearray import (FakeCUDAArray,
+                                                          FakeWithinKernelCUDAArray as Inside)
+
+    def check(idx):
+        for i in idx if isinstance(idx, tuple) else (idx,):
+            if isinstance(i, (np.ndarray, list, FakeCUDAArray)):
+                raise TypeError("a device array takes integers and slices as indices, not "
+                                f"{type(i).__name__} (as on a real GPU)")
+
+    get, put = FakeCUDAArray.__getitem__, FakeCUDAArray.__setitem__
+    if getattr(get, "strict", False):
+        return
+
+    def getitem(self, idx):
+        check(idx)
+        return get(self, idx)
+
+    def setitem(self, idx, val):
+        check(idx)
+        return put(self, idx, val)
+
+    def inside_get(self, idx):      # in a kernel: the simulator's own path, unchecked (fast)
+        return self._FakeWithinKernelCUDAArray__wrap_if_fake(get(self._item, idx))
+
+    def inside_put(self, idx, val):
+        put(self._item, idx, val)
+
+    getitem.strict = True
+    FakeCUDAArray.__getitem__, FakeCUDAArray.__setitem__ = getitem, setitem
+    Inside.__getitem__, Inside.__setitem__ = inside_get, inside_put
