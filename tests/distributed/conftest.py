@@ -26,9 +26,12 @@ multi_rank = pytest.mark.skipif(WORLD < 2, reason="run under mpiexec -n 2 or mor
 
 
 def agree(ok, what=""):
-    """Assert ``ok`` on every rank at once (all fail if any rank's check failed)."""
+    """Assert ``ok`` on every rank at once (all fail if any rank's check failed);
+    ``what`` a string or a function that gives one (called only on a failure)."""
     oks = COMM.allgather(bool(ok))
-    assert all(oks), f"check failed on ranks {[r for r, o in enumerate(oks) if not o]}: {what}"
+    if not all(oks):
+        what = what() if callable(what) else what
+        assert False, f"check failed on ranks {[r for r, o in enumerate(oks) if not o]}: {what}"
 
 
 def shared_tmpdir(tmp_path_factory):

@@ -15,7 +15,7 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 import numbaemb as ne
-from tests.cuda_support import CUDA_OK, SIMULATOR
+from tests.cuda_support import CUDA_OK, SIMULATOR, same_floats
 
 from .conftest import COMM, RANK, WORLD, multi_rank
 from .test_table_state import DIM, DistributedTable
@@ -42,6 +42,7 @@ class SplitGpuTable(DistributedTable):
         return ne.Variable(DIM, comm=COMM, device=device(RANK), **kw)
 
     host = staticmethod(host)
+    same = staticmethod(same_floats)    # a GPU's optimizer steps: within 1e-5 (it fuses FMAs)
     save_and_load = None    # once below: a save per state machine step is slow here
 
 

@@ -21,6 +21,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, invariant, precondition,
                                  run_state_machine_as_test)
 
 import numbaemb as ne
+from tests.cuda_support import float_gap
 
 from .conftest import COMM, RANK, WORLD, agree, multi_rank
 
@@ -42,6 +43,7 @@ def by_seven(keys, n):
 class DistributedTable(RuleBasedStateMachine):
     key_dtype, num_shards, partitioner = np.int64, 1, None
     checks = 0          # invariant checks run (the test asserts the machine did run)
+    same = staticmethod(np.array_equal)     # rows and slots: bit for bit
 
     def __init__(self):
         super().__init__()
@@ -91,7 +93,8 @@ class DistributedTable(RuleBasedStateMachine):
         if exists:
             agree(np.array_equal(self.host(got[1]), want[1][part]), f"exists of {op}")
             got, want = got[0], want[0]
-        agree(np.array_equal(self.host(got), want[part]), f"rows of {op}")
+        got = self.host(got)
+        agree(self.same(got, want[part]), lambda: f"rows of {op}: {float_gap(got, want[part])}")
 
     @rule(b=st.lists(keys, min_size=WORLD, max_size=WORLD), seed=st.integers(0, 99))
     def upsert(self, b, seed):
@@ -149,7 +152,8 @@ class DistributedTable(RuleBasedStateMachine):
         gk, gv = got
         wk, wv = want
         go, wo = np.argsort(gk, kind="stable"), np.argsort(wk, kind="stable")
-        agree(np.array_equal(gk[go], wk[wo]) and np.array_equal(gv[go], wv[wo]), "rows")
+        agree(np.array_equal(gk[go], wk[wo]) and self.same(gv[go], wv[wo]),
+              lambda: f"rows: {float_gap(gv[go], wv[wo])}")
 
     @invariant()
     def same_table(self):
@@ -167,7 +171,7 @@ class DistributedTable(RuleBasedStateMachine):
             for slot, _ in opt.slots():
                 got = self.host(ne.optimizers.slot_values(self.v, opt, slot, every))
                 want = ne.optimizers.slot_values(self.ref, opt, slot, every)
-                agree(np.array_equal(got, want), f"slot {slot}")
+                agree(self.same(got, want), lambda: f"slot {slot}: {float_gap(got, want)}")
 
 
 class Int32TwoShardsCustomPartitioner(DistributedTable):
