@@ -43,6 +43,7 @@ not of NCCL's links.
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -155,7 +156,7 @@ def main():
                              env=dict(os.environ, NUMBA_NUM_THREADS=str(max(1, cores // r))))
         if out.returncode:
             sys.exit(f"R={r} failed:\n{out.stderr[-3000:]}")
-        results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        results.append(last_json(out.stdout))
     import mpi4py
     import numba
     print(f"ids per rank per step {args.ids}; dim {args.dim}; Zipf({args.zipf}) over "
@@ -181,6 +182,13 @@ def main():
     print()
     print("Targets: exchange within 1.3x the bare Alltoallv of the same bytes; planning under "
           "20% of the step.")
+
+
+def last_json(stdout):
+    """The child's JSON line: its last line that holds one once terminal colour codes are
+    taken out (pytest or Open MPI may print a colour reset after it)."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in stdout.splitlines()]
+    return json.loads([line for line in lines if line.startswith("{")][-1])
 
 
 if __name__ == "__main__":
