@@ -2,7 +2,8 @@
 # The GPU checks in one go, for a lent GPU machine (no TensorFlow there):
 # the CUDA tests on the real GPU (8 workers), the bounded table's evicting
 # inserts (bench_bounded.py --device cuda) and where their time goes
-# (profile_cuda_bounded.py), then bench_cuda.py and bench_hybrid.py.
+# (profile_cuda_bounded.py), then bench_cuda.py, the training step's profile
+# (profile_cuda_step.py) and bench_hybrid.py.
 # Logs go to $OUT (or ./gpu_logs). Each step has its own time limit, and a
 # failing step does not stop the next.
 #   bash benchmarks/run_gpu.sh          (SPLIT=0 skips the two MPI steps)
@@ -21,5 +22,6 @@ step ${TESTS_S:-200} tests python3 -m pytest -m cuda -q -p no:cacheprovider -n $
 [ "${SPLIT:-1}" = 1 ] && python3 -c "import mpi4py" 2>/dev/null && step ${SPLIT_BENCH_S:-120} bench_split python3 benchmarks/bench_distributed.py --device cuda --ranks 1,2 --steps 10 --warmup 3
 step ${BOUNDED_S:-120} bench_bounded python3 benchmarks/bench_bounded.py --device cuda --repeats 5 --stream 0
 step ${BENCH_S:-190} bench_cuda python3 benchmarks/bench_cuda.py --repeats ${REPEATS:-7} --profile --x4
+step ${STEP_S:-90} profile_step python3 benchmarks/profile_cuda_step.py --repeats 7
 step ${HYBRID_S:-100} bench_hybrid python3 benchmarks/bench_hybrid.py --repeats ${REPEATS:-7}
 step ${PROFILE_S:-90} profile_bounded python3 benchmarks/profile_cuda_bounded.py --pass-threads 1 --repeats 8 --ab-round-two

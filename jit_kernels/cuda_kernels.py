@@ -324,11 +324,15 @@ def build(threads):
             order[cuda.atomic.add(cursor, ids[i], 1)] = i
 
     @kernel
-    def chunk_counts(ids, chunk, chunks, hist):
-        """hist[g * chunks + c] = positions of group g in chunk c (a thread a chunk)."""
+    def chunk_counts(ids, seq, shift, mask, chunk, chunks, hist):
+        """hist[d * chunks + c] = positions of chunk c of the sequence whose digit
+        ``(ids[p] >> shift) & mask`` is d (a thread a chunk); ``seq`` the positions in
+        order (empty: 0, 1, ..., ids.shape[0] - 1)."""
+        n = seq.shape[0] if seq.shape[0] else ids.shape[0]
         for c in range(cuda.grid(1), chunks, cuda.gridsize(1)):
-            for i in range(c * chunk, min(ids.shape[0], (c + 1) * chunk)):
-                hist[ids[i] * chunks + c] += 1
+            for j in range(c * chunk, min(n, (c + 1) * chunk)):
+                p = seq[j] if seq.shape[0] else j
+                hist[((ids[p] >> shift) & mask) * chunks + c] += 1
 
     @kernel
     def chunk_starts(hist, chunks, n, starts):
@@ -336,13 +340,22 @@ def build(threads):
             starts[g] = hist[g * chunks] if g < starts.shape[0] - 1 else n
 
     @kernel
-    def chunk_place(ids, chunk, chunks, hist, order):
-        """Chunk c's positions, in order, at their group's next offset (hist scanned)."""
+    def chunk_place(ids, seq, shift, mask, chunk, chunks, hist, order):
+        """Chunk c's positions, in sequence order, at their digit's next offset (hist
+        scanned): one stable counting-sort pass (see :func:`chunk_counts`)."""
+        n = seq.shape[0] if seq.shape[0] else ids.shape[0]
         for c in range(cuda.grid(1), chunks, cuda.gridsize(1)):
-            for i in range(c * chunk, min(ids.shape[0], (c + 1) * chunk)):
-                at = ids[i] * chunks + c
-                order[hist[at]] = i
+            for j in range(c * chunk, min(n, (c + 1) * chunk)):
+                p = seq[j] if seq.shape[0] else j
+                at = ((ids[p] >> shift) & mask) * chunks + c
+                order[hist[at]] = p
                 hist[at] += 1
+
+    @kernel
+    def largest(counts, g, out):
+        """out[0] = max(out[0], counts[:g])."""
+        for i in range(cuda.grid(1), g, cuda.gridsize(1)):
+            cuda.atomic.max(out, 0, counts[i])
 
     @kernel
     def sort_groups(order, starts):

@@ -455,25 +455,64 @@ def update_rows(rule, columns, rows, grads, order, starts, hyper, flag, scratch=
 def _group_chunked(ids, g, scratch):
     """:func:`group_positions` for few groups: counts ``hist[group * chunks + chunk]``,
     their exclusive scan, then each chunk's positions placed in order."""
-    K = _kernels()
-    n = ids.shape[0]
-    chunks = -(-n // GROUP_CHUNK)
-    hist = scratch.array("chunk_hist", g * chunks, np.int64)
-    _go(K.fill, hist.shape[0], hist, np.int64(0))
-    _go(K.chunk_counts, chunks, ids, GROUP_CHUNK, chunks, hist)
-    exclusive_scan(hist)
+    order = scratch.array("order", ids.shape[0], np.int64)
     starts = scratch.array("chunk_starts", g + 1, np.int64)
-    _go(K.chunk_starts, g + 1, hist, chunks, n, starts)
-    order = scratch.array("order", n, np.int64)
-    _go(K.chunk_place, chunks, ids, GROUP_CHUNK, chunks, hist, order)
+    _radix_pass(ids, scratch.array("no_seq", 0, np.int64), 0, g, order, scratch, starts)
     return order, starts
 
 
-def _group(ids, counts, g, scratch):
-    """``(order, starts)`` from dense group ids and their counts (``counts[:g]``)."""
+def _radix_pass(ids, seq, shift, buckets, out, scratch, starts=None):
+    """One stable counting-sort pass: ``out`` = the positions ``seq`` (empty: all, in
+    order) ordered by the digit ``(ids[p] >> shift) & (buckets - 1)`` (``buckets`` a power
+    of two, or the digit's whole range), ties in sequence order, from the scanned counts
+    ``hist[digit * chunks + chunk]``; ``starts`` (buckets + 1,): each digit's first
+    place in ``out``, and ``out.shape[0]``."""
+    K = _kernels()
+    n = out.shape[0]
+    chunks = -(-n // GROUP_CHUNK)
+    mask = np.int64((1 << max(buckets - 1, 0).bit_length()) - 1)
+    hist = scratch.array("chunk_hist", buckets * chunks, np.int64)
+    _go(K.fill, hist.shape[0], hist, np.int64(0))
+    _go(K.chunk_counts, chunks, ids, seq, np.int64(shift), mask, GROUP_CHUNK, chunks, hist)
+    exclusive_scan(hist)
+    if starts is not None:
+        _go(K.chunk_starts, buckets + 1, hist, chunks, n, starts)
+    _go(K.chunk_place, chunks, ids, seq, np.int64(shift), mask, GROUP_CHUNK, chunks, hist, out)
+
+
+RADIX_BITS = 10         # digit of the radix grouping: 1,024 buckets a pass
+RADIX_ABOVE = 64        # a batch whose largest group is larger is grouped by radix passes
+
+
+def _group(ids, counts, g, scratch, radix=None):
+    """``(order, starts)`` from dense group ids and their counts (``counts[:g]``).
+
+    Positions are placed by atomics (any order within a group), then each group is
+    heapsorted by one thread, unless a group holds more than ``RADIX_ABOVE`` positions
+    (a hot key in a skewed batch, whose heapsort on one GPU thread would take
+    milliseconds): then a stable LSD radix sort of the positions by group id, a
+    counting-sort pass per ``RADIX_BITS`` of it, as :func:`group_positions`' few-group
+    path.  ``radix`` True / False forces one or the other (benchmarks, tests)."""
     K = _kernels()
     n = ids.shape[0]
     starts = counts[:g + 1]
+    if radix is None and g:
+        big = scratch.array("largest", 1, np.int64)
+        _go(K.fill, 1, big, np.int64(0))
+        _go(K.largest, g, counts, g, big)
+        radix = int(big.copy_to_host()[0]) > RADIX_ABOVE
+    if radix and g:
+        seq = scratch.array("no_seq", 0, np.int64)
+        bufs = [scratch.array("order", n, np.int64), scratch.array("order_b", n, np.int64)]
+        shift = 0
+        while shift == 0 or (g - 1) >> shift:
+            out = bufs[0]
+            _radix_pass(ids, seq, shift, min(1 << RADIX_BITS, ((g - 1) >> shift) + 1), out,
+                        scratch)
+            seq, bufs = out, bufs[::-1]
+            shift += RADIX_BITS
+        exclusive_scan(starts)
+        return seq, starts
     exclusive_scan(starts)
     cursor = scratch.array("cursor", max(g, 1), np.int64)
     if g:

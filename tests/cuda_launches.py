@@ -114,6 +114,7 @@ def workload():
         b.upsert(keys, np.ones((keys.size, 3), np.float32), scores=sc(keys.size))
     O.apply_gradients(b, rules[2], ids, grads, step=1)
     ct.group_positions(cuda.to_device(np.arange(600) % 7), 7)      # few groups: chunks
+    ct.group_keys(cuda.to_device(np.repeat(np.arange(3), 70)))     # a hot key: radix passes
     r = ne.Variable(3, device="cuda", max_capacity=100, evict="lru", evict_window=2)
     r.find_or_insert(np.arange(150))
     r.find_or_insert(np.arange(6000, 6400))     # round two of the ranges (keys deferred)

@@ -320,6 +320,35 @@ def test_group_keys_groups_in_batch_order(cuda):
     assert seen == set(keys.tolist())
 
 
+@pytest.mark.parametrize("bits", [10, 3])
+@pytest.mark.parametrize("radix", [None, True, False])
+@pytest.mark.parametrize("n, g, hot", [(1, 1, 0), (300, 1, 0), (257, 40, 0), (520, 300, 90)])
+def test_group_sorts_positions_stably_by_radix_or_heapsort(cuda, monkeypatch, bits, radix,
+                                                           n, g, hot):
+    """``_group`` (group_keys' and many-group group_positions' back end): positions by
+    group id, batch order within a group, whether placed by atomics and heapsorted or by
+    LSD radix passes (``RADIX_BITS`` small: several passes, digits of every width); the
+    automatic choice takes the radix passes for a group over ``RADIX_ABOVE``."""
+    monkeypatch.setattr(ct, "RADIX_BITS", bits)
+    rng = np.random.default_rng(n * 7 + g)
+    ids = rng.integers(0, g, n)
+    ids[rng.permutation(n)[:hot]] = g - 1                   # a hot group
+    ids[:g] = rng.permutation(g)                            # every group used
+    counts = np.zeros(n + 1, np.int64)
+    counts[:g] = np.bincount(ids, minlength=g)
+    launched = []
+    real = ct._radix_pass
+    monkeypatch.setattr(ct, "_radix_pass", lambda *a: launched.append(a[2]) or real(*a))  # shifts
+    order, starts = ct._group(cuda.to_device(ids), cuda.to_device(counts), g, ct.Scratch(),
+                              radix)
+    np.testing.assert_array_equal(order.copy_to_host(), np.argsort(ids, kind="stable"))
+    np.testing.assert_array_equal(starts.copy_to_host(),
+                                  np.concatenate([[0], np.cumsum(counts[:g])]))
+    by_radix = radix if radix is not None else counts.max() > ct.RADIX_ABOVE
+    passes = max(1, -(-int(g - 1).bit_length() // bits))
+    assert launched == ([bits * p for p in range(passes)] if by_radix else [])
+
+
 def test_accum_groups_matches_cpu(cuda):
     rng = np.random.default_rng(7)
     present = np.array(EXTREMES + list(range(1, 20)), np.int64)
