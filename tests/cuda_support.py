@@ -90,6 +90,31 @@ def strict_simulator_arrays():
     def inside_put(self, idx, val):
         put(self._item, idx, val)
 
+    attr = FakeCUDAArray.__getattr__
+
+    def getattr_(self, name):       # numpy's methods (sum, astype, min, ...): not a GPU's
+        if name not in DEVICE_ARRAY_ATTRS and not name.startswith("_"):
+            raise AttributeError(f"a device array has no attribute {name!r} (as on a real GPU)")
+        return attr(self, name)
+
+    def no_arithmetic(self, other):
+        raise TypeError("a device array has no arithmetic or comparisons (as on a real GPU): "
+                        "copy it to the host or run a kernel")
+
     getitem.strict = True
     FakeCUDAArray.__getitem__, FakeCUDAArray.__setitem__ = getitem, setitem
+    FakeCUDAArray.__getattr__ = getattr_
+    for op in ("lt", "le", "gt", "ge", "add", "sub", "mul", "floordiv", "truediv", "mod", "pow"):
+        setattr(FakeCUDAArray, f"__{op}__", no_arithmetic)
+    FakeCUDAArray.__eq__, FakeCUDAArray.__ne__ = object.__eq__, object.__ne__   # identity
+    FakeCUDAArray.__hash__ = object.__hash__
     Inside.__getitem__, Inside.__setitem__ = inside_get, inside_put
+
+
+# what numba-cuda's DeviceNDArray has besides dunders (its class's and its instances'
+# attributes, numba-cuda 0.30): the simulator's arrays answer only these
+DEVICE_ARRAY_ATTRS = frozenset((
+    "T", "alloc_size", "as_cuda_arg", "bind", "copy_to_device", "copy_to_host",
+    "device_ctypes_pointer", "dtype", "flags", "get_ipc_handle", "getitem", "gpu_data",
+    "is_c_contiguous", "is_f_contiguous", "nbytes", "ndim", "ravel", "reshape", "setitem",
+    "shape", "size", "split", "squeeze", "stream", "strides", "transpose", "view"))

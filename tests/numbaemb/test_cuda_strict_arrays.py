@@ -1,4 +1,5 @@
-"""The simulator's device arrays refuse array indices as a real GPU's do
+"""The simulator's device arrays refuse array indices, arithmetic and numpy's methods as
+a real GPU's do
 (``tests.cuda_support.strict_simulator_arrays``): a host-only expression such as
 ``device_positions[mask]`` fails in CI, not first on a lent GPU (session 32 found
 ``slot_values`` on a sharded GPU table doing that)."""
@@ -21,6 +22,14 @@ def test_device_arrays_take_only_integers_and_slices():
     with pytest.raises((TypeError, IndexError, ValueError)):
         d[np.array([0, 1])] = 5
     assert np.array_equal(d.copy_to_host(), np.arange(6))
+    with pytest.raises(TypeError):          # no arithmetic or comparisons
+        d >= 0
+    with pytest.raises(TypeError):
+        d + 1
+    with pytest.raises(AttributeError):     # nor numpy's methods
+        d.sum()
+    assert d.shape == (6,) and d.dtype == np.int64 and d.reshape(2, 3).shape == (2, 3)
+    assert d != cuda.to_device(np.arange(6)) and d == d     # identity, as on a GPU
 
 
 def test_kernels_still_index_freely():
