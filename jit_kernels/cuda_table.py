@@ -491,8 +491,8 @@ def _group(ids, counts, g, scratch, radix=None):
     heapsorted by one thread, unless a group holds more than ``RADIX_ABOVE`` positions
     (a hot key in a skewed batch, whose heapsort on one GPU thread would take
     milliseconds): then a stable LSD radix sort of the positions by group id, a
-    counting-sort pass per ``RADIX_BITS`` of it, as :func:`group_positions`' few-group
-    path.  ``radix`` True / False forces one or the other (benchmarks, tests)."""
+    counting-sort pass per digit of at most ``RADIX_BITS`` (digits of even widths: 64K
+    groups take two passes of 256 buckets), as :func:`group_positions`' few-group path.  ``radix`` True / False forces one or the other (benchmarks, tests)."""
     K = _kernels()
     n = ids.shape[0]
     starts = counts[:g + 1]
@@ -504,13 +504,12 @@ def _group(ids, counts, g, scratch, radix=None):
     if radix and g:
         seq = scratch.array("no_seq", 0, np.int64)
         bufs = [scratch.array("order", n, np.int64), scratch.array("order_b", n, np.int64)]
-        shift = 0
-        while shift == 0 or (g - 1) >> shift:
+        bits = (g - 1).bit_length()             # the fewest passes, digits as even as can be
+        width = max(1, -(-bits // max(1, -(-bits // RADIX_BITS))))
+        for shift in range(0, max(bits, 1), width):
             out = bufs[0]
-            _radix_pass(ids, seq, shift, min(1 << RADIX_BITS, ((g - 1) >> shift) + 1), out,
-                        scratch)
+            _radix_pass(ids, seq, shift, min(1 << width, ((g - 1) >> shift) + 1), out, scratch)
             seq, bufs = out, bufs[::-1]
-            shift += RADIX_BITS
         exclusive_scan(starts)
         return seq, starts
     exclusive_scan(starts)
