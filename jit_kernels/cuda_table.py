@@ -463,8 +463,8 @@ def _group_chunked(ids, g, scratch):
 
 def _radix_pass(ids, seq, shift, buckets, out, scratch, starts=None):
     """One stable counting-sort pass: ``out`` = the positions ``seq`` (empty: all, in
-    order) ordered by the digit ``(ids[p] >> shift) & (buckets - 1)`` (``buckets`` a power
-    of two, or the digit's whole range), ties in sequence order, from the scanned counts
+    order) ordered by the digit ``ids[p] >> shift`` masked to the bits of ``buckets - 1``
+    (``buckets``: every value the digit takes), ties in sequence order, from the scanned counts
     ``hist[digit * chunks + chunk]``; ``starts`` (buckets + 1,): each digit's first
     place in ``out``, and ``out.shape[0]``."""
     K = _kernels()
@@ -492,7 +492,8 @@ def _group(ids, counts, g, scratch, radix=None):
     (a hot key in a skewed batch, whose heapsort on one GPU thread would take
     milliseconds): then a stable LSD radix sort of the positions by group id, a
     counting-sort pass per digit of at most ``RADIX_BITS`` (digits of even widths: 64K
-    groups take two passes of 256 buckets), as :func:`group_positions`' few-group path.  ``radix`` True / False forces one or the other (benchmarks, tests)."""
+    groups take two passes of 256 buckets), as :func:`group_positions`' few-group path.
+    ``radix`` True / False forces one or the other (benchmarks, tests)."""
     K = _kernels()
     n = ids.shape[0]
     starts = counts[:g + 1]
@@ -501,18 +502,18 @@ def _group(ids, counts, g, scratch, radix=None):
         _go(K.fill, 1, big, np.int64(0))
         _go(K.largest, g, counts, g, big)
         radix = int(big.copy_to_host()[0]) > RADIX_ABOVE
+    exclusive_scan(starts)
     if radix and g:
         seq = scratch.array("no_seq", 0, np.int64)
         bufs = [scratch.array("order", n, np.int64), scratch.array("order_b", n, np.int64)]
-        bits = (g - 1).bit_length()             # the fewest passes, digits as even as can be
-        width = max(1, -(-bits // max(1, -(-bits // RADIX_BITS))))
+        bits = (g - 1).bit_length()
+        passes = max(1, -(-bits // RADIX_BITS))     # the fewest passes, digits as even
+        width = max(1, -(-bits // passes))          # as can be
         for shift in range(0, max(bits, 1), width):
             out = bufs[0]
             _radix_pass(ids, seq, shift, min(1 << width, ((g - 1) >> shift) + 1), out, scratch)
             seq, bufs = out, bufs[::-1]
-        exclusive_scan(starts)
         return seq, starts
-    exclusive_scan(starts)
     cursor = scratch.array("cursor", max(g, 1), np.int64)
     if g:
         cursor[:g].copy_to_device(starts[:g])

@@ -58,10 +58,12 @@ def assert_same_floats(actual, desired, err_msg=""):
 
 
 def strict_simulator_arrays():
-    """Make the simulator's device arrays refuse what a real GPU's refuse: indexing with an
-    array (a mask or positions), which numpy-backed simulator arrays would otherwise
-    accept, hiding a host-only expression from every simulator run. Called once from
-    ``tests/conftest.py`` under the simulator."""
+    """Make the simulator's device arrays refuse what a real GPU's refuse outside kernels:
+    indexing with an array (a mask or positions), arithmetic and comparisons, numpy's
+    methods (``sum``, ``astype``, ...), all of which numpy-backed simulator arrays would
+    otherwise accept, hiding a host-only expression from every simulator run.  Inside
+    kernels they are indexed as before.  Called once from ``tests/conftest.py`` under the
+    simulator."""
     import numpy as np
     from numba.cuda.simulator.cudadrv.devicearray import (FakeCUDAArray,
                                                           FakeWithinKernelCUDAArray as Inside)

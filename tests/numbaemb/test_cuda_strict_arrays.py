@@ -1,7 +1,6 @@
 """The simulator's device arrays refuse array indices, arithmetic and numpy's methods as
-a real GPU's do
-(``tests.cuda_support.strict_simulator_arrays``): a host-only expression such as
-``device_positions[mask]`` fails in CI, not first on a lent GPU (session 32 found
+a real GPU's do (``tests.cuda_support.strict_simulator_arrays``): a host-only expression
+such as ``device_positions[mask]`` fails in CI, not first on a lent GPU (session 32 found
 ``slot_values`` on a sharded GPU table doing that)."""
 import numpy as np
 import pytest
