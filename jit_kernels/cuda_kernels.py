@@ -467,10 +467,16 @@ def build(threads):
 
     @jit(device=True)
     def group_sum(grads, order, lo, hi, acc, c0, c1):
+        """acc[c] = the sum from zero, in order, of grads[order[lo:hi], c], added in a
+        register: ``acc[c] +=`` in the loop went through memory each time (the compiler
+        cannot tell ``acc`` from ``grads``), a wait per position of a hot id's group."""
         for c in range(c0, c1):
             acc[c] = 0
+            s = acc[c]      # acc's zero: a sum from the first row would keep a lone -0.0
+                            # that segment_sum's sum from zero makes +0.0
             for p in range(lo, hi):
-                acc[c] += grads[order[p], c]
+                s += grads[order[p], c]
+            acc[c] = s
 
     # uniform adapters: (weights, slots a b c, gradient, hyper-parameters h, flag)
     @jit(device=True)
