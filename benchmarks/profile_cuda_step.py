@@ -74,14 +74,16 @@ def main():
         v = ne.Variable(args.dim, device="cuda",
                         initializer=ne.initializers.RandomNormal(0.0, 0.05, seed=1))
         rule = ne.optimizers.Adam(0.001)
-        row = []
-        for above in (1 << 62, -1):             # heapsort always, radix always
-            ct.RADIX_ABOVE = above
-            row.append(timed(lambda: ct.group_keys(d_ids), args.repeats, cuda.synchronize))
-        for above in (1 << 62, -1, default):
-            ct.RADIX_ABOVE = above
-            row.append(timed(lambda: ne.optimizers.apply_gradients(v, rule, d_ids, grads, step=1),
-                             args.repeats, cuda.synchronize))
+        row = [timed(lambda: ct.group_keys(d_ids, radix=radix), args.repeats, cuda.synchronize)
+               for radix in (False, True)]
+        try:            # a step groups by the module's threshold: heapsort, radix, automatic
+            for above in (1 << 62, -1, default):
+                ct.RADIX_ABOVE = above
+                row.append(timed(lambda: ne.optimizers.apply_gradients(v, rule, d_ids, grads,
+                                                                       step=1),
+                                 args.repeats, cuda.synchronize))
+        finally:
+            ct.RADIX_ABOVE = default
         row.append(timed(lambda: v.find_or_insert(d_ids), args.repeats, cuda.synchronize))
         print(f"| {kind} | {counts.shape[0]:,} | {counts.max():,} | "
               + " | ".join(f"{1e3 * t:.2f}" for t in row) + " |")
@@ -91,7 +93,6 @@ def main():
             ne.optimizers.apply_gradients(v, rule, d_ids, grads, step=1)
             cuda.synchronize()
             profile.disable()
-    ct.RADIX_ABOVE = default
     text = io.StringIO()
     pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(14)
     print("\nOne automatic step on the Zipf batch, by function (cumulative, host view):")

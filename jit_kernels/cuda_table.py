@@ -389,16 +389,17 @@ def exclusive_scan(a):
     return total
 
 
-def group_keys(keys, scratch=None):
+def group_keys(keys, scratch=None, radix=None):
     """``(order, starts)`` grouping a batch by key, as ``accum_groups`` takes them.
 
     ``order[starts[g]:starts[g+1]]`` are the positions of one key, in batch
     order.  Groups come in no particular key order (the CPU sorts by key; only
     the grouping and the order inside a group matter to ``accum_groups``).
+    ``radix``: see :func:`_group` (None: chosen by the largest group).
     """
     scratch = scratch or Scratch()
     ids, counts, g = number_keys(keys, scratch)
-    return _group(ids, counts, g, scratch)
+    return _group(ids, counts, g, scratch, radix)
 
 
 GROUP_CHUNK = 256   # positions a thread counts and places in group_positions' few groups
@@ -482,6 +483,7 @@ def _radix_pass(ids, seq, shift, buckets, out, scratch, starts=None):
 
 RADIX_BITS = 10         # digit of the radix grouping: 1,024 buckets a pass
 RADIX_ABOVE = 64        # a batch whose largest group is larger is grouped by radix passes
+#                         (a module setting: optimizer steps group with the automatic choice)
 
 
 def _group(ids, counts, g, scratch, radix=None):

@@ -30,9 +30,10 @@ def same_floats(actual, desired):
     """``assert_same_floats`` as a bool (for checks that must agree on every MPI rank)."""
     import numpy as np
     actual, desired = np.asarray(actual), np.asarray(desired)
-    if SIMULATOR or desired.dtype.kind not in "fc" or actual.shape != desired.shape:
-        return np.array_equal(actual, desired)
-    return bool(np.allclose(actual, desired, rtol=1e-5, atol=1e-7))
+    floats = desired.dtype.kind in "fc"
+    if SIMULATOR or not floats or actual.shape != desired.shape:
+        return np.array_equal(actual, desired, equal_nan=floats and actual.dtype.kind in "fc")
+    return bool(np.allclose(actual, desired, rtol=1e-5, atol=1e-7, equal_nan=True))
 
 
 def float_gap(actual, desired):
@@ -51,10 +52,12 @@ def assert_same_floats(actual, desired, err_msg=""):
     relative on a GPU, whose compiler fuses multiply-adds and may round a pow, sqrt or
     division differently (1 ulp a step seen on an H100 and an H200)."""
     import numpy as np
-    if SIMULATOR or np.asarray(desired).dtype.kind not in "fc":   # ints, scores: exact
-        np.testing.assert_array_equal(actual, desired, err_msg=err_msg)
-    else:
-        np.testing.assert_allclose(actual, desired, rtol=1e-5, atol=1e-7, err_msg=err_msg)
+    if same_floats(actual, desired):          # (ints, scores: exact)
+        return
+    if np.asarray(desired).dtype.kind in "fc":
+        err_msg = f"{err_msg} ({float_gap(actual, desired)})".strip()
+    np.testing.assert_array_equal(actual, desired, err_msg=err_msg)   # numpy's message
+    raise AssertionError(err_msg or "arrays differ")
 
 
 def strict_simulator_arrays():
