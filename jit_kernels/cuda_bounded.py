@@ -276,121 +276,142 @@ def rehash_serial(old_slots, new_slots, new_mask):
 PASS_THREADS = 1
 
 
-def _run(idx, starts, span, call, e_base, ev, deferred, off=0):
+def _run(idx, starts, span, call, e_base, ev, deferred, sc, off=0):
     """Launch ``passes``: a thread per group of ``starts`` (ranges of ``span`` slots
-    shifted by ``off``); its per-group results (g, 5) on the host and on the device."""
-    cuda = ct.cuda
+    shifted by ``off``); its per-group results (g, 5) on the host and on the device
+    (``sc``'s buffer)."""
     g = starts.shape[0] - 1
-    out = cuda.device_array((max(g, 1), 5), np.int64)
+    out = sc.array("b_res", 5 * max(g, 1), np.int64).reshape((max(g, 1), 5))
     threads = PASS_THREADS
     blocks = -(-g // threads)
     _k().bounded_passes[max(blocks, 1), threads](idx, starts, span, off, *call, *ev, e_base,
                                                  deferred, out)
-    return out[:g].copy_to_host(), out
+    return out.copy_to_host()[:g], out
 
 
-def _iota(n):
-    a = ct.cuda.device_array(max(n, 1), np.int64)[:n]
+def _iota(n, sc):
+    a = sc.array("b_iota", n, np.int64)
     ct._go(_k().bounded_iota, n, a)
     return a
 
 
+def _pair(x, y, sc, name):
+    """``[x, y]`` in ``sc``'s buffer ``name`` (one copy, no allocation)."""
+    a = sc.array(name, 2, np.int64)
+    a.copy_to_device(np.array([x, y], np.int64))
+    return a
+
+
+def _scratches(scratch):
+    """The three scratches of a call: the passes', round two's, the serial pass's (each
+    driver call reuses a buffer name of its own scratch; a shard keeps them from call
+    to call, :class:`numbaemb.cuda_bounded.CudaBoundedShard`)."""
+    return scratch if scratch is not None else (ct.Scratch(), ct.Scratch(), ct.Scratch())
+
+
 def bounded_insert(slots, mask, keys, given, scores, mscore, mark, batch, hold, rows, where,
                    inserted, free_rows, n_free, fresh_start, size, limit, window, policy,
-                   epoch, clock, keep, ev_keys, ev_rows):
-    """See :func:`jit_kernels.bounded.bounded_insert` (one GPU thread, batch order)."""
-    cuda = ct.cuda
+                   epoch, clock, keep, ev_keys, ev_rows, scratch=None):
+    """See :func:`jit_kernels.bounded.bounded_insert` (one GPU thread, batch order).
+    ``scratch``: see :func:`_scratches`."""
+    sc = _scratches(scratch)[2]
     n = keys.shape[0]
     call = (slots, mask, keys, given, scores, mscore, mark, batch, hold, rows, where,
             inserted, free_rows, n_free, fresh_start, size, limit, window, policy, epoch, clock,
             keep)
-    ev = (ev_keys, ev_rows, cuda.device_array(max(n, 1), np.int64))
-    res, _ = _run(_iota(n), cuda.to_device(np.array([0, n], np.int64)), 0, call, 0, ev,
-                  cuda.device_array(1, np.bool_))
+    ev = (ev_keys, ev_rows, sc.array("b_ep", n, np.int64))
+    res, _ = _run(_iota(n, sc), _pair(0, n, sc, "b_starts"), 0, call, 0, ev,
+                  sc.array("b_late", 1, np.bool_), sc)
     taken, n_ev, d_deleted, size, _ = (int(x) for x in res[0])
     return taken, n_ev, d_deleted, size
 
 
 def bounded_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch, hold, rows,
                           where, inserted, free_rows, n_free, fresh_start, size, n_ranges, limit,
-                          window, policy, epoch, clock, keep, ev_keys, ev_rows, deferred):
+                          window, policy, epoch, clock, keep, ev_keys, ev_rows, deferred,
+                          scratch=None):
     """See :func:`jit_kernels.bounded.bounded_insert_ranges` (a thread a range, a thread
-    a shifted range for the deferred positions of a full table, then one thread)."""
-    cuda, K = ct.cuda, _k()
+    a shifted range for the deferred positions of a full table, then one thread).
+    ``scratch``: see :func:`_scratches`; the call allocates nothing else."""
+    K = _k()
+    sc, sc2, sc3 = _scratches(scratch)
     n = keys.shape[0]
     fill = size < limit
     span = (mask + 1) // n_ranges
-    home = cuda.device_array(n, np.int64)
+    home = sc.array("b_home", n, np.int64)
     ct._go(K.bounded_homes, n, keys, rows, where, mask, span, home)
-    order, starts = ct.group_positions(home, n_ranges)
-    k2, g2, r2, w2 = (cuda.device_array(n, np.int64) for _ in range(4))
-    new2, late2 = cuda.device_array(n, np.bool_), cuda.device_array(n, np.bool_)
+    order, starts = ct.group_positions(home, n_ranges, sc)
+    k2, g2, r2, w2 = (sc.array(name, n, np.int64) for name in ("b_k2", "b_g2", "b_r2", "b_w2"))
+    new2, late2 = sc.array("b_new2", n, np.bool_), sc.array("b_late2", n, np.bool_)
     ct._go(K.bounded_to_ranges, n, order, keys, given, rows, where, k2, g2, r2, w2, late2)
     if fill:
         ct._go(K.bounded_slot_rows, n, r2, w2, scores, mscore)
-    ek, er, ep = (cuda.device_array(3 * n, np.int64) for _ in range(3))
-    no_rows = cuda.device_array(1, np.int64)
+    ek, er, ep = (sc.array(name, 3 * n, np.int64) for name in ("b_ek", "b_er", "b_ep"))
+    no_rows = sc.array("b_no_rows", 1, np.int64)
     call = (slots, mask, k2, g2, mscore if fill else scores, mscore, mark, batch, hold, r2, w2,
             new2, no_rows, -1 if fill else 0, 0, 0 if fill else limit,
             n + 1 if fill else limit, window, policy, epoch, clock, keep)
-    res, counts = _run(_iota(n), starts, span, call, 0, (ek, er, ep), late2)
+    res, counts = _run(_iota(n, sc), starts, span, call, 0, (ek, er, ep), late2, sc)
     taken = int(res[:, 0].sum()) if fill else 0
     if fill:                        # the new rows, a thread a range
         base = np.concatenate([[0], np.cumsum(res[:-1, 0])]).astype(np.int64)
-        ct._go(K.bounded_fill_rows, n_ranges, starts, cuda.to_device(base), slots, r2, w2,
+        dev_base = sc.array("b_base", n_ranges, np.int64)
+        dev_base.copy_to_device(base)
+        ct._go(K.bounded_fill_rows, n_ranges, starts, dev_base, slots, r2, w2,
                new2, late2, scores, mscore, free_rows, n_free, fresh_start)
-    late_pos = cuda.device_array(n, np.int64)
+    late_pos = sc.array("b_late_pos", n, np.int64)
     ct._go(K.bounded_from_ranges, n, order, r2, w2, new2, late2, rows, where, inserted,
            deferred, late_pos, n_ranges)
-    late = cuda.device_array(max(n, 1), np.int64)
-    m = ct.compact_nonneg(late_pos, late)
+    late = sc.array("b_late", n, np.int64)
+    m = ct.compact_nonneg(late_pos, late, scratch=sc)
     late, e3, made2 = late[:m], n, 0
-    at = ct.filled(n, -1, np.int64)
+    at = ct.filled(n, -1, np.int64, sc, "b_at")
     if not fill and m and n_ranges > 1:     # round two: the ranges shifted by half a range
         late, made2 = _round_two(late, slots, mask, keys, given, scores, mscore, mark, batch,
                                  hold, rows, where, inserted, n_ranges, limit, window, policy,
-                                 epoch, clock, keep, (ek, er, ep), deferred, at)
+                                 epoch, clock, keep, (ek, er, ep), deferred, at, sc2)
         e3 = n + m
     call = (slots, mask, keys, given, scores, mscore, mark, batch, hold, rows, where,
             inserted, free_rows, max(n_free - taken, 0), fresh_start + max(taken - n_free, 0),
             size + taken, limit, window, policy, epoch, clock, keep)
     m3 = late.shape[0]
-    res2, counts2 = _run(late, cuda.to_device(np.array([0, m3], np.int64)), 0, call, e3,
-                         (ek, er, ep), cuda.device_array(1, np.bool_))
+    res2, counts2 = _run(late, _pair(0, m3, sc3, "b_starts"), 0, call, e3, (ek, er, ep),
+                         sc3.array("b_late", 1, np.bool_), sc3)
     _eviction_at(ep, starts, 0, counts, order, at)
-    _eviction_at(ep, cuda.to_device(np.zeros(2, np.int64)), e3, counts2,
-                 cuda.device_array(0, np.int64), at)
-    sel = cuda.device_array(max(n, 1), np.int64)
-    c = ct.compact_nonneg(at, sel)
+    _eviction_at(ep, _pair(0, 0, sc3, "b_zeros"), e3, counts2, sc3.array("b_none", 0, np.int64),
+                 at)
+    sel = sc.array("b_sel", n, np.int64)
+    c = ct.compact_nonneg(at, sel, scratch=sc)
     ct._go(K.bounded_take_evicted, c, sel[:c], ek, er, ev_keys, ev_rows)
     return (taken + int(res2[0, 0]), c, int(res[:, 2].sum() + made2 + res2[0, 2]),
             int(res2[0, 3]))
 
 
 def _round_two(late, slots, mask, keys, given, scores, mscore, mark, batch, hold, rows, where,
-               inserted, n_ranges, limit, window, policy, epoch, clock, keep, ev, deferred, at):
+               inserted, n_ranges, limit, window, policy, epoch, clock, keep, ev, deferred, at,
+               sc):
     """Round two of a full table's ranges (see the CPU's): the deferred positions
     ``late`` (batch order) found again and grouped by shifted range on the device, a
     thread a group; their evictions into ``at``.  Returns the positions left for the
-    serial pass (batch order) and the tombstones made."""
-    cuda, K = ct.cuda, _k()
+    serial pass (batch order, in ``sc``) and the tombstones made."""
+    K = _k()
     n, m, span = keys.shape[0], late.shape[0], (mask + 1) // n_ranges
-    group = cuda.device_array(m, np.int64)
+    group = sc.array("b_group", m, np.int64)
     ct._go(K.bounded_shifted_groups, m, late, slots, mask, keys, rows, where, mscore, mark,
            batch, hold, n_ranges, group, deferred)
-    order, starts = ct.group_positions(group, n_ranges)     # the last group: serial
-    pos = cuda.device_array(m, np.int64)
+    order, starts = ct.group_positions(group, n_ranges, sc)     # the last group: serial
+    pos = sc.array("b_pos", m, np.int64)
     ct._go(K.bounded_take1, m, late, order, pos)
-    again = ct.filled(n, False, np.bool_)
+    again = ct.filled(n, False, np.bool_, sc, "b_again")
     call = (slots, mask, keys, given, scores, mscore, mark, batch, hold, rows, where, inserted,
-            cuda.device_array(1, np.int64), 0, 0, limit, limit, window, policy, epoch, clock,
+            sc.array("b_no_rows", 1, np.int64), 0, 0, limit, limit, window, policy, epoch, clock,
             keep)
-    res, counts = _run(pos, starts[:n_ranges], span, call, n, ev, again, off=span // 2)
-    _eviction_at(ev[2], starts[:n_ranges], n, counts, cuda.device_array(0, np.int64), at)
-    left = cuda.device_array(m, np.int64)
+    res, counts = _run(pos, starts[:n_ranges], span, call, n, ev, again, sc, off=span // 2)
+    _eviction_at(ev[2], starts[:n_ranges], n, counts, sc.array("b_none", 0, np.int64), at)
+    left = sc.array("b_left", m, np.int64)
     ct._go(K.bounded_left_over, m, late, group, again, n_ranges, deferred, left)
-    rest = cuda.device_array(m, np.int64)
-    return rest[:ct.compact_nonneg(left, rest)], int(res[:, 2].sum())
+    rest = sc.array("b_rest", m, np.int64)
+    return rest[:ct.compact_nonneg(left, rest, scratch=sc)], int(res[:, 2].sum())
 
 
 def _eviction_at(ep, starts, e_base, counts, order, at):

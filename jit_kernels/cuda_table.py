@@ -198,12 +198,17 @@ def _chunks(n):
     return -(-n // chunk) if n else 1, chunk
 
 
-def _offsets(counts):
-    """Host exclusive prefix sum of per-block counts: (device offsets, total)."""
+def _offsets(counts, scratch=None, name="offsets"):
+    """Host exclusive prefix sum of per-block counts: (device offsets, total); the
+    offsets in ``scratch``'s buffer ``name`` when given (no allocation)."""
     c = counts.copy_to_host()
     off = np.zeros(c.shape[0] + 1, np.int64)
     np.cumsum(c, out=off[1:])
-    return cuda.to_device(off), int(off[-1])
+    if scratch is None:
+        return cuda.to_device(off), int(off[-1])
+    dev = scratch.array(name, off.shape[0], np.int64)
+    dev.copy_to_device(off)
+    return dev, int(off[-1])
 
 
 def cuda_api():
@@ -212,10 +217,12 @@ def cuda_api():
     return cuda
 
 
-def filled(n, value, dtype):
-    """A new 1-D device array of ``n`` copies of ``value``."""
+def filled(n, value, dtype, scratch=None, name=None):
+    """A 1-D device array of ``n`` copies of ``value``: new, or ``scratch``'s buffer
+    ``name`` when given."""
     _kernels()
-    a = cuda.device_array(int(n), dtype)
+    a = cuda.device_array(int(n), dtype) if scratch is None else \
+        scratch.array(name, int(n), dtype)
     _go(_K.fill, a.shape[0], a, np.dtype(dtype).type(value))
     return a
 
@@ -375,16 +382,18 @@ def number_keys(keys, scratch=None):
     return ids, counts, scratch.read("ids")
 
 
-def exclusive_scan(a):
-    """In place exclusive prefix sum of a 1-D int64 device array; returns the total."""
+def exclusive_scan(a, scratch=None):
+    """In place exclusive prefix sum of a 1-D int64 device array; returns the total
+    (its work space in ``scratch`` when given)."""
     K = _kernels()
     n = a.shape[0]
     if not n:
         return 0
     blocks, chunk = _chunks(n)
-    sums = cuda.device_array(blocks, np.int64)
+    sums = cuda.device_array(blocks, np.int64) if scratch is None else \
+        scratch.array("scan_sums", blocks, np.int64)
     K.scan_blocks[blocks, _Launch.threads](a, chunk, sums)
-    offsets, total = _offsets(sums)
+    offsets, total = _offsets(sums, scratch, "scan_offsets")
     _go(K.add_offsets, n, a, chunk, offsets)
     return total
 
@@ -475,7 +484,7 @@ def _radix_pass(ids, seq, shift, buckets, out, scratch, starts=None):
     hist = scratch.array("chunk_hist", buckets * chunks, np.int64)
     _go(K.fill, hist.shape[0], hist, np.int64(0))
     _go(K.chunk_counts, chunks, ids, seq, np.int64(shift), mask, GROUP_CHUNK, chunks, hist)
-    exclusive_scan(hist)
+    exclusive_scan(hist, scratch)
     if starts is not None:
         _go(K.chunk_starts, buckets + 1, hist, chunks, n, starts)
     _go(K.chunk_place, chunks, ids, seq, np.int64(shift), mask, GROUP_CHUNK, chunks, hist, out)
@@ -504,7 +513,7 @@ def _group(ids, counts, g, scratch, radix=None):
         _go(K.fill, 1, big, np.int64(0))
         _go(K.largest, g, counts, g, big)
         radix = int(big.copy_to_host()[0]) > RADIX_ABOVE
-    exclusive_scan(starts)
+    exclusive_scan(starts, scratch)
     if radix and g:
         seq = scratch.array("no_seq", 0, np.int64)
         bufs = [scratch.array("order", n, np.int64), scratch.array("order_b", n, np.int64)]
@@ -562,16 +571,17 @@ def export_slots(slots, n_chunks=None):
     return keys[:total], rows[:total]
 
 
-def compact_nonneg(a, out, at=0):
-    """Append the entries ``>= 0`` of ``a`` (in order) to ``out[at:]``; returns how many."""
+def compact_nonneg(a, out, at=0, scratch=None):
+    """Append the entries ``>= 0`` of ``a`` (in order) to ``out[at:]``; returns how many
+    (its work space in ``scratch`` when given)."""
     K = _kernels()
     n = a.shape[0]
     if not n:
         return 0
     blocks, chunk = _chunks(n)
-    counts = filled(blocks, 0, np.int64)
+    counts = filled(blocks, 0, np.int64, scratch, "nonneg_counts")
     K.count_nonneg[blocks, _Launch.threads](a, chunk, counts)
-    offsets, total = _offsets(counts)
+    offsets, total = _offsets(counts, scratch, "nonneg_offsets")
     if total:
         K.write_nonneg[blocks, _Launch.threads](a, chunk, offsets, out[at:at + total])
     return total

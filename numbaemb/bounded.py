@@ -93,6 +93,21 @@ class BoundedRows:
         self._top = max(self._top, int(clock))
         return hold
 
+    def _driver_kw(self):
+        """Keyword arguments of the insert drivers (the GPU's: their scratch)."""
+        return {}
+
+    def _work(self, name, n, dtype):
+        """A work array of the running call (the GPU's: a buffer reused call to call)."""
+        return self._new(n, dtype)
+
+    def _zeros(self, n):
+        """``n`` zero scores (read only: the calls that bring no scores), kept."""
+        z = getattr(self, "_zero_scores", None)
+        if z is None or z.shape[0] < n:
+            z = self._zero_scores = self._full(max(16, n + n // 4), 0, np.int64)
+        return z[:n]
+
     def _scores(self):
         return self.columns[SCORE].data[:, 0]
 
@@ -108,10 +123,10 @@ class BoundedRows:
         keys, and with ``evicted`` (or ``keep_evicted``) their columns, gathered before
         their rows are reused; ``present`` (n,) bool, if given, which keys were in the
         table when the call started."""
-        bk, n = self._bk, keys.shape[0]
-        rows, where = self._new(n, np.int64), self._new(n, np.int64)
+        bk, n, kw = self._bk, keys.shape[0], self._driver_kw()
+        rows, where = self._new(n, np.int64), self._work("where", n, np.int64)
         inserted = self._new(n, np.bool_)
-        given = self._full(n, 0, np.int64) if scores is None else scores
+        given = self._zeros(n) if scores is None else scores
         ev_keys, ev_rows = self._new(n, np.int64), self._new(n, np.int64)
         n_ev = 0
         step = max(1, self.capacity // 4)
@@ -142,11 +157,11 @@ class BoundedRows:
                 taken, ev, made, size = bk.bounded_insert_ranges(
                     *call, *rest, ranges, self.limit, self.window, self.policy, epoch,
                     clock, scores is None, ev_keys[n_ev:], ev_rows[n_ev:],
-                    self._new(k.shape[0], np.int64))
+                    self._work("deferred", k.shape[0], np.int64), **kw)
             else:
                 taken, ev, made, size = bk.bounded_insert(
                     *call, *rest, self.limit, self.window, self.policy, epoch, clock,
-                    scores is None, ev_keys[n_ev:], ev_rows[n_ev:])
+                    scores is None, ev_keys[n_ev:], ev_rows[n_ev:], **kw)
             self._take_rows(taken)
             self.n_full = size
             self.n_deleted += made
@@ -175,7 +190,7 @@ class BoundedRows:
             rows, inserted = self._insert(keys, **kw)
             self._init_new(rows, keys, inserted)
             return rows, inserted
-        present = self._new(keys.shape[0], np.bool_)
+        present = self._work("present", keys.shape[0], np.bool_)
         rows, inserted = self._insert(keys, present=present, **kw)
         # new rows' values and the output in one pass (not admitted: initial values)
         self._bk.init_copy(self.values, rows, keys, inserted, present, out,

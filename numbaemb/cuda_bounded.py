@@ -48,6 +48,18 @@ class CudaBoundedShard(BoundedRows, CudaShard):
         return k.filled(n, value, dtype)
 
     _present = staticmethod(kbc.nonneg)
+
+    def _scratches(self):
+        if getattr(self, "_bounded_scratch", None) is None:  # the call's, the drivers' three
+            self._bounded_scratch = tuple(k.Scratch() for _ in range(4))
+        return self._bounded_scratch
+
+    def _driver_kw(self):
+        return {"scratch": self._scratches()[1:]}
+
+    def _work(self, name, n, dtype):
+        return self._scratches()[0].array(name, n, dtype)
+
     _host = staticmethod(lambda a: a.copy_to_host())
 
     @staticmethod

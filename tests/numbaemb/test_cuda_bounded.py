@@ -116,14 +116,40 @@ def test_a_table_runs_its_ranges_as_the_cpu_does(monkeypatch):
         gpu.find_or_insert(part)                # (the call that fills the table)
         cpu.find_or_insert(part)
     same_state(gpu, cpu)
+    made = allocations(monkeypatch)
     for _ in range(2):
         keys = np.concatenate([EXTREMES, rng.integers(-2**40, 2**40, 100), fill[:40]])
         want = cpu.find_or_insert(keys, return_evicted=True)
+        made.clear()
         got = gpu.find_or_insert(keys, return_evicted=True)
         for a, b in zip(got, want):
             np.testing.assert_array_equal(host(a), b)
     same_state(gpu, cpu)
     assert cpu.size() == 250
+    # the second call reuses the shard's work buffers: only what it hands out is new
+    assert made and not [where for where in made if "jit_kernels" in where], made
+
+
+def allocations(monkeypatch):
+    """Where device arrays are made from now on (the innermost frame in this repo)."""
+    import os
+    import traceback
+
+    from jit_kernels import cuda_table as ct
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    made = []
+
+    def counted(real):
+        def make(*a, **kw):
+            ours = [f for f in traceback.extract_stack()[:-1]
+                    if f.filename.startswith(root) and "/tests/" not in f.filename]
+            made.append(f"{ours[-1].filename}:{ours[-1].lineno}" if ours else "?")
+            return real(*a, **kw)
+        return make
+    cuda = ct.cuda_api()
+    for name in ("device_array", "to_device"):
+        monkeypatch.setattr(cuda, name, counted(getattr(cuda, name)))
+    return made
 
 
 def test_checkpoint_loads_onto_the_gpu_as_onto_the_cpu(tmp_path):
