@@ -124,7 +124,10 @@ class CudaShard(IndexedRows):
 
     @property
     def free_rows(self):
-        return self._free[:self.n_free]
+        held = getattr(self, "_free_view", None)       # (a slice costs ~25 us)
+        if held is None or held[0] is not self._free or held[1].shape[0] != self.n_free:
+            held = self._free_view = (self._free, self._free[:self.n_free])
+        return held[1]
 
     def nbytes(self):
         """Bytes held by the index, columns (device and mapped host) and free list."""
@@ -174,7 +177,8 @@ class CudaShard(IndexedRows):
         self.n_full += handed_out
 
     def _new(self, n, dtype):
-        return self.cuda.device_array(max(n, 1), dtype)[:n]
+        a = self.cuda.device_array(max(n, 1), dtype)
+        return a if n else a[:0]
 
     def _insert(self, keys, then=None):
         """Rows of ``keys``, inserting absent ones (columns not yet initialised);
