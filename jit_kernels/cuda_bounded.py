@@ -290,8 +290,12 @@ def _run(idx, starts, span, call, e_base, ev, deferred, sc, off=0):
 
 
 def _iota(n, sc):
+    """``[0, n)`` in ``sc``'s buffer (the whole buffer written when it is made: no
+    launch after)."""
     a = sc.array("b_iota", n, np.int64)
-    ct._go(_k().bounded_iota, n, a)
+    if sc.made:
+        whole = sc.whole("b_iota")
+        ct._go(_k().bounded_iota, whole.shape[0], whole)
     return a
 
 

@@ -431,14 +431,18 @@ def build(threads):
 
     @kernel
     def count_nonneg(a, chunk, counts):
+        """``counts[b]`` = the entries >= 0 in block b's chunk (written, not added to:
+        no zeroing launch before)."""
+        buf = cuda.shared.array(threads, np.int64)
         blk = cuda.blockIdx.x
         hi = min(a.shape[0], (blk + 1) * chunk)
         n = 0
         for j in range(blk * chunk + cuda.threadIdx.x, hi, threads):
             if a[j] >= 0:
                 n += 1
-        if n:
-            cuda.atomic.add(counts, blk, n)
+        _, total = block_scan(buf, n)
+        if cuda.threadIdx.x == 0:
+            counts[blk] = total
 
     @kernel
     def write_nonneg(a, chunk, offsets, out):

@@ -142,12 +142,15 @@ class Scratch:
         self._bufs = {}
         self._views = {}     # name -> the last view handed out (slicing costs ~25 us)
         self._counters = {}
+        self.made = False    # whether the last array() call allocated
 
     def array(self, name, n, dtype):
-        """A 1-D device array of ``n`` elements (uninitialised)."""
+        """A 1-D device array of ``n`` elements (uninitialised; ``made`` says whether
+        this call allocated it, or it holds what the last user of ``name`` left)."""
         dtype = np.dtype(dtype)
         buf = self._bufs.get(name)
-        if buf is None or buf.shape[0] < n or buf.dtype != dtype:
+        self.made = buf is None or buf.shape[0] < n or buf.dtype != dtype
+        if self.made:
             buf = cuda.device_array(max(16, n + n // 4), dtype)
             self._bufs[name] = buf
             self._views.pop(name, None)
@@ -155,6 +158,10 @@ class Scratch:
         if view is None or view.shape[0] != n:
             view = self._views[name] = buf[:n]
         return view
+
+    def whole(self, name):
+        """The whole buffer behind :meth:`array`'s views of ``name``."""
+        return self._bufs[name]
 
     def counter(self, name):
         """``(device int64[1], its value now)``."""
@@ -579,7 +586,8 @@ def compact_nonneg(a, out, at=0, scratch=None):
     if not n:
         return 0
     blocks, chunk = _chunks(n)
-    counts = filled(blocks, 0, np.int64, scratch, "nonneg_counts")
+    counts = cuda.device_array(blocks, np.int64) if scratch is None else \
+        scratch.array("nonneg_counts", blocks, np.int64)
     K.count_nonneg[blocks, _Launch.threads](a, chunk, counts)
     offsets, total = _offsets(counts, scratch, "nonneg_offsets")
     if total:
