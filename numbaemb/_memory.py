@@ -88,3 +88,20 @@ class BufferPool:
 def is_aligned(arr: np.ndarray, align: int = ALIGN) -> bool:
     """True when ``arr``'s data pointer is a multiple of ``align``."""
     return arr.ctypes.data % align == 0
+
+
+def kept_view(owner, attr, base, key, make):
+    """``make()``, a view of ``base``, kept in ``owner.<attr>`` and handed out again while
+    ``base`` is the same array and ``key`` the same (slicing a GPU array costs ~25 us
+    in Numba; a hot path asks for the same view call after call).
+
+    >>> class T: pass
+    >>> t, a = T(), np.arange(4)
+    >>> kept_view(t, "_v", a, 2, lambda: a[:2]) is kept_view(t, "_v", a, 2, lambda: a[:2])
+    True
+    """
+    held = getattr(owner, attr, None)
+    if held is None or held[0] is not base or held[1] != key:
+        held = (base, key, make())
+        setattr(owner, attr, held)
+    return held[2]

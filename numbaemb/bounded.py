@@ -25,6 +25,7 @@ from jit_kernels import bounded as kb
 from jit_kernels import bounded_accum as ka
 from jit_kernels.initializers import ZEROS
 
+from ._memory import kept_view
 from .shard import Shard, _index_capacity
 
 __all__ = ["BoundedShard", "BoundedRows", "POLICIES"]
@@ -103,21 +104,15 @@ class BoundedRows:
 
     def _zeros(self, n):
         """``n`` zero scores (read only: the calls that bring no scores), kept."""
-        z, view = getattr(self, "_zero_scores", (None, None))
+        z = getattr(self, "_zero_scores", None)
         if z is None or z.shape[0] < n:
-            z, view = self._full(max(16, n + n // 4), 0, np.int64), None
-        if view is None or view.shape[0] != n:
-            view = z[:n]
-        self._zero_scores = (z, view)
-        return view
+            z = self._zero_scores = self._full(max(16, n + n // 4), 0, np.int64)
+        return kept_view(self, "_zeros_view", z, n, lambda: z[:n])
 
     def _scores(self):
         """The score column as a 1-D view (kept while the column is the same array)."""
         data = self.columns[SCORE].data
-        held = getattr(self, "_score_view", None)
-        if held is None or held[0] is not data:
-            held = self._score_view = (data, data[:, 0])
-        return held[1]
+        return kept_view(self, "_scores_view", data, 0, lambda: data[:, 0])
 
     def _max_score(self):
         """The highest score of any row (free rows too), -1 for none."""

@@ -25,6 +25,7 @@ import numpy as np
 
 from jit_kernels import cuda_table as k
 
+from ._memory import kept_view
 from .shard import MAX_LOAD, ROW_GROWTH, Column, IndexedRows, _index_capacity
 
 # Lookups probe four slots a step (cuda_table.lookup(step=4)) from this share of full
@@ -124,10 +125,8 @@ class CudaShard(IndexedRows):
 
     @property
     def free_rows(self):
-        held = getattr(self, "_free_view", None)       # (a slice costs ~25 us)
-        if held is None or held[0] is not self._free or held[1].shape[0] != self.n_free:
-            held = self._free_view = (self._free, self._free[:self.n_free])
-        return held[1]
+        free, n = self._free, self.n_free
+        return kept_view(self, "_free_view", free, n, lambda: free[:n])
 
     def nbytes(self):
         """Bytes held by the index, columns (device and mapped host) and free list."""
