@@ -205,14 +205,12 @@ def _chunks(n):
     return -(-n // chunk) if n else 1, chunk
 
 
-def _offsets(counts, scratch=None, name="offsets"):
-    """Host exclusive prefix sum of per-block counts: (device offsets, total); the
-    offsets in ``scratch``'s buffer ``name`` when given (no allocation)."""
+def _offsets(counts, scratch, name):
+    """Host exclusive prefix sum of per-block counts: (device offsets in ``scratch``'s
+    buffer ``name``, total)."""
     c = counts.copy_to_host()
     off = np.zeros(c.shape[0] + 1, np.int64)
     np.cumsum(c, out=off[1:])
-    if scratch is None:
-        return cuda.to_device(off), int(off[-1])
     dev = scratch.array(name, off.shape[0], np.int64)
     dev.copy_to_device(off)
     return dev, int(off[-1])
@@ -396,9 +394,9 @@ def exclusive_scan(a, scratch=None):
     n = a.shape[0]
     if not n:
         return 0
+    scratch = scratch or Scratch()
     blocks, chunk = _chunks(n)
-    sums = cuda.device_array(blocks, np.int64) if scratch is None else \
-        scratch.array("scan_sums", blocks, np.int64)
+    sums = scratch.array("scan_sums", blocks, np.int64)
     K.scan_blocks[blocks, _Launch.threads](a, chunk, sums)
     offsets, total = _offsets(sums, scratch, "scan_offsets")
     _go(K.add_offsets, n, a, chunk, offsets)
@@ -571,7 +569,7 @@ def export_slots(slots, n_chunks=None):
     blocks, chunk = _chunks(cap)
     counts = filled(blocks, 0, np.int64)
     K.count_full[blocks, _Launch.threads](slots, chunk, counts)
-    offsets, total = _offsets(counts)
+    offsets, total = _offsets(counts, Scratch(), "offsets")
     keys = cuda.device_array(max(total, 1), np.int64)
     rows = cuda.device_array(max(total, 1), np.int64)
     K.write_full[blocks, _Launch.threads](slots, chunk, offsets, keys, rows)
@@ -585,9 +583,9 @@ def compact_nonneg(a, out, at=0, scratch=None):
     n = a.shape[0]
     if not n:
         return 0
+    scratch = scratch or Scratch()
     blocks, chunk = _chunks(n)
-    counts = cuda.device_array(blocks, np.int64) if scratch is None else \
-        scratch.array("nonneg_counts", blocks, np.int64)
+    counts = scratch.array("nonneg_counts", blocks, np.int64)
     K.count_nonneg[blocks, _Launch.threads](a, chunk, counts)
     offsets, total = _offsets(counts, scratch, "nonneg_offsets")
     if total:
