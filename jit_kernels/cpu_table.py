@@ -39,7 +39,7 @@ ROWS_AHEAD = 8    # rows requested ahead of a row copy
 LINE = 64         # cache line bytes
 
 
-def _prefetch_intrinsic(write):
+def _prefetch_intrinsic(write, locality=3):
     @intrinsic
     def prefetch(typingctx, arr, offset):
         sig = types.void(arr, types.intp)
@@ -53,7 +53,7 @@ def _prefetch_intrinsic(write):
             ptr = builder.gep(builder.bitcast(ary.data, i8p), [args[1]])
             fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
             fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-            builder.call(fn, [ptr, i32(write), i32(3), i32(1)])
+            builder.call(fn, [ptr, i32(write), i32(locality), i32(1)])
             return context.get_dummy_value()
 
         return sig, codegen
@@ -65,6 +65,9 @@ def _prefetch_intrinsic(write):
 # A hint never faults, whatever the address.
 prefetch_read = _prefetch_intrinsic(0)
 prefetch_write = _prefetch_intrinsic(1)
+# ... read a while later: requested into the second-level cache, not the first
+# (prefetcht1: a stream of lines that would evict the lines in use from the first).
+prefetch_later = _prefetch_intrinsic(0, 2)
 
 
 @inner

@@ -92,7 +92,7 @@ def add_kernels(kernels, cuda_module, body, copy_row, init_cols, init_both):
             hi = (g + 1) * span + off if span > 0 else -1
             r = run_pass(idx, starts[g], starts[g + 1], slots, mask, keys, given, scores,
                          mscore, mark, batch, hold, rows, where, inserted, free_rows, n_free,
-                         fresh_start, size, limit, window, policy, epoch, clock, keep, hi,
+                         fresh_start, size, limit, window, policy, epoch, clock, keep, hi, 0,
                          ev_keys, ev_rows, ev_pos, e_base + starts[g], deferred, held, spec)
             out[g, 0], out[g, 1], out[g, 2], out[g, 3], out[g, 4] = r
 

@@ -233,6 +233,20 @@ def test_ranges_for_depends_on_the_table_alone():
     assert kb.ranges_for(1 << 30, 1) == 1024
 
 
+@pytest.mark.parametrize("n", [1, 95, 96, 195, 4096])
+def test_a_pass_streams_the_whole_next_range_or_none_of_it(n):
+    """A range's positions between them request every line of the next range's
+    index (4,096 slots: 1,024 lines of ``slots``, 512 of ``mscore``), at most
+    ``STREAM_PER`` a position; a pass with too few positions to use them streams none,
+    and so does a pass with no next range."""
+    per = kb._stream_share(4096, n)
+    if 1536 > kb.STREAM_PER * n:
+        assert per == 0
+    else:
+        assert 0 < per <= kb.STREAM_PER and per * n >= 1536 > (per - 1) * n
+    assert kb._stream_share(0, n) == 0
+
+
 @pytest.mark.parametrize("mode", ["serial", "ranges", "fill"])
 @settings(max_examples=examples(40), deadline=None)
 @given(st.lists(key_st, min_size=1, max_size=120), st.sampled_from([1, 2, 4, 8, 32]),
@@ -300,7 +314,7 @@ def test_a_foreseen_victim_is_taken_only_while_it_is_the_window_s(monkeypatch):
         kb._pass.py_func(np.arange(n), 0, n, slots, mask, keys, rng.integers(0, 9, n),
                          t.scores, t.mscore, t.mark, t.batch, t.hold, rows, where, new,
                          t.free, t.free.shape[0], t.fresh, t.size, t.limit, t.window,
-                         t.policy, 0, 9, False, -1, np.empty(n, np.int64),
+                         t.policy, 0, 9, False, -1, 0, np.empty(n, np.int64),
                          np.empty(n, np.int64), np.empty(n, np.int64), 0,
                          np.empty(0, np.bool_), held, spec)
     assert seen["taken"] > 1000 and seen["dropped"] > 100, seen
