@@ -64,7 +64,8 @@ from numba import njit, prange
 from ._inner import inner
 from .bounded_groups import REPORT_CHUNK, by_range, report, shifted
 from .bounded_rows import AHEAD, init_copy, range_rows, slot_row_one
-from .cpu_table import prefetch_later, prefetch_probe, prefetch_read, prefetch_write, rehash
+from .bounded_stream import stream_lines, stream_share
+from .cpu_table import prefetch_probe, prefetch_read, prefetch_write, rehash
 from .lanes import WIDTH, low32, vectors
 from .slots import DELETED, EMPTY, first_slot, next_slot
 
@@ -82,7 +83,6 @@ LEAD = 2             # positions a pass (_pass) looks ahead (see there): range p
 # (a victim foreseen nearer its turn is dropped less often and checked against fewer
 # positions; the windows' lines, requested 2 * LEAD on, still come in time)
 SPEC = 8 * LEAD      # _pass's work space of foreseen victims and written spans (int64)
-STREAM_PER = 16      # most lines of the next range a range's position streams in (_pass)
 
 
 @inner
@@ -363,7 +363,7 @@ def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, hold
     where left -2 / -1), and so are its later repeats.  ``stream > 0``: the next range,
     ``[hi, hi + stream)``, which the same thread runs next (Numba hands each thread a
     stretch of consecutive ranges): its index lines are requested as the pass goes
-    (:func:`_stream`).  ``held`` (``DEFER_KEYS``,) and
+    (:func:`jit_kernels.bounded_stream.stream_lines`).  ``held`` (``DEFER_KEYS``,) and
     ``spec`` (``SPEC``,) int64 are work space (the keys deferred so far; the victims
     foreseen for the next keys, taken when no key since wrote their window, see
     :func:`_foreseen`).  ``n_free < 0``: a fill in ranges (the table
@@ -381,10 +381,10 @@ def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, hold
     for q in range(F):
         spec[q] = -1                # no victim foreseen
         spec[3 * F + q] = 0         # no slots written
-    per = _stream_share(stream, b - a)
+    per = stream_share(stream, b - a)
     for t in range(a, b):
         if per > 0:
-            _stream(slots, mscore, hi, stream, (t - a) * per, per)
+            stream_lines(slots, mscore, hi, stream, (t - a) * per, per)
         # a serial pass: overlap the next keys' cache misses.  2 * LEAD keys ahead:
         # their probes and victim windows; LEAD ahead: the victim each would take now
         # (the keys between rarely change it), its slot; LEAD / 2 ahead: its score row
@@ -501,38 +501,6 @@ def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, hold
         where[i] = p
         inserted[i] = True
     return taken, n_ev, d_deleted, size, n_def
-
-
-@inner
-def _stream_share(stream, n):
-    """Lines of the next range's index (``stream`` slots: 16 bytes each in ``slots``,
-    8 in ``mscore``) each of a pass's ``n`` positions requests, or 0: none when that
-    would be more than ``STREAM_PER`` a position.  A pass's new keys each touch about
-    7 random lines of their range; with fewer positions than a sixteenth of the
-    range's lines most of a streamed range would go unused (measured on a 1M-key table,
-    512 ranges: a 10k batch's passes took 1.9 -> 2.8 ms streaming every range, a 20k
-    batch's 3.5 -> 3.7, a 50k batch's 7.2-7.5 -> 6.3-6.8, a 100k batch's 11.8-13.8 ->
-    11.0-12.5, a 200k batch's 23.5 -> 21.3)."""
-    lines = stream // 4 + stream // 8
-    if stream <= 0 or n <= 0:
-        return 0
-    per = (lines + n - 1) // n
-    return per if per <= STREAM_PER else 0
-
-
-@inner
-def _stream(slots, mscore, lo, n, q0, k):
-    """Request lines ``q0 .. q0 + k`` of the index slots ``[lo, lo + n)``: ``slots``'
-    lines first, then ``mscore``'s, into the second-level cache.  A pass runs its
-    range's positions in batch order, so their index lines come in at random, one
-    miss each; streamed in order ahead of the range, they come at the memory's
-    bandwidth instead (a no-op on a GPU)."""
-    ls = n // 4
-    for q in range(q0, min(q0 + k, ls + n // 8)):
-        if q < ls:
-            prefetch_later(slots, 16 * lo + 64 * q)
-        else:
-            prefetch_later(mscore, 8 * lo + 64 * (q - ls))
 
 
 @inner

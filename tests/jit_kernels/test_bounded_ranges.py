@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jit_kernels import bounded as kb
+from jit_kernels.bounded_stream import STREAM_PER, stream_share
 from jit_kernels.cpu_table import erase_keys
 from jit_kernels.slots import empty_slots, first_slot
 from tests.sizing import examples
@@ -239,12 +240,12 @@ def test_a_pass_streams_the_whole_next_range_or_none_of_it(n):
     index (4,096 slots: 1,024 lines of ``slots``, 512 of ``mscore``), at most
     ``STREAM_PER`` a position; a pass with too few positions to use them streams none,
     and so does a pass with no next range."""
-    per = kb._stream_share(4096, n)
-    if 1536 > kb.STREAM_PER * n:
+    per = stream_share(4096, n)
+    if 1536 > STREAM_PER * n:
         assert per == 0
     else:
-        assert 0 < per <= kb.STREAM_PER and per * n >= 1536 > (per - 1) * n
-    assert kb._stream_share(0, n) == 0
+        assert 0 < per <= STREAM_PER and per * n >= 1536 > (per - 1) * n
+    assert stream_share(0, n) == 0
 
 
 @pytest.mark.parametrize("mode", ["serial", "ranges", "fill"])
