@@ -20,29 +20,44 @@ STREAM_PER = 16      # most lines of the next range a range's position streams i
 
 
 @inner
+def range_lines(n):
+    """Cache lines of ``n`` index slots: 16 bytes each in ``slots``, 8 in ``mscore``."""
+    return n // 4 + n // 8
+
+
+@inner
+def line_at(lo, n, q):
+    """``(array, byte offset)`` of line ``q`` of the index slots ``[lo, lo + n)``:
+    ``slots``' lines first (array 0), then ``mscore``'s (array 1)."""
+    ls = n // 4
+    if q < ls:
+        return 0, 16 * lo + 64 * q
+    return 1, 8 * lo + 64 * (q - ls)
+
+
+@inner
 def stream_share(stream, n):
-    """Lines of the next range's index (``stream`` slots: 16 bytes each in ``slots``,
-    8 in ``mscore``) each of a pass's ``n`` positions requests, or 0: none when that
-    would be more than ``STREAM_PER`` a position.  A pass's new keys each touch about
-    7 random lines of their range; with fewer positions than a sixteenth of the
-    range's lines most of a streamed range would go unused (measured on a 1M-key table,
-    512 ranges: a 10k batch's passes took 1.9 -> 2.8 ms streaming every range, a 20k
-    batch's 3.5 -> 3.7, a 50k batch's 7.2-7.5 -> 6.3-6.8, a 100k batch's 11.8-13.8 ->
-    11.0-12.5, a 200k batch's 23.5 -> 21.3)."""
-    lines = stream // 4 + stream // 8
+    """Lines of the next range's index (``stream`` slots, :func:`range_lines`) each of
+    a pass's ``n`` positions requests, or 0: none when that would be more than
+    ``STREAM_PER`` a position.  A pass's new keys each touch about 7 random lines of
+    their range; with fewer positions than a sixteenth of the range's lines most of a
+    streamed range would go unused (measured on a 1M-key table, 512 ranges: a 10k
+    batch's passes took 1.9 -> 2.8 ms streaming every range, a 20k batch's 3.5 -> 3.7,
+    a 50k batch's 7.2-7.5 -> 6.3-6.8, a 100k batch's 11.8-13.8 -> 11.0-12.5, a 200k
+    batch's 23.5 -> 21.3)."""
     if stream <= 0 or n <= 0:
         return 0
-    per = (lines + n - 1) // n
+    per = (range_lines(stream) + n - 1) // n
     return per if per <= STREAM_PER else 0
 
 
 @inner
 def stream_lines(slots, mscore, lo, n, q0, k):
-    """Request lines ``q0 .. q0 + k`` of the index slots ``[lo, lo + n)``: ``slots``'
-    lines first, then ``mscore``'s, into the second-level cache (a no-op on a GPU)."""
-    ls = n // 4
-    for q in range(q0, min(q0 + k, ls + n // 8)):
-        if q < ls:
-            prefetch_later(slots, 16 * lo + 64 * q)
+    """Request lines ``q0 .. q0 + k`` (:func:`line_at`) of the index slots ``[lo, lo +
+    n)`` into the second-level cache (a no-op on a GPU)."""
+    for q in range(q0, min(q0 + k, range_lines(n))):
+        which, off = line_at(lo, n, q)
+        if which == 0:
+            prefetch_later(slots, off)
         else:
-            prefetch_later(mscore, 8 * lo + 64 * (q - ls))
+            prefetch_later(mscore, off)

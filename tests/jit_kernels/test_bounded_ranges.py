@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jit_kernels import bounded as kb
-from jit_kernels.bounded_stream import STREAM_PER, stream_share
+from jit_kernels.bounded_stream import STREAM_PER, line_at, range_lines, stream_share
 from jit_kernels.cpu_table import erase_keys
 from jit_kernels.slots import empty_slots, first_slot
 from tests.sizing import examples
@@ -246,6 +246,16 @@ def test_a_pass_streams_the_whole_next_range_or_none_of_it(n):
     else:
         assert 0 < per <= STREAM_PER and per * n >= 1536 > (per - 1) * n
     assert stream_share(0, n) == 0
+
+
+@pytest.mark.parametrize("lo, n", [(0, 4096), (4096, 4096), (12288, 64), (8, 16)])
+def test_a_streamed_range_is_every_line_of_its_slots_and_score_copies_once(lo, n):
+    """The lines :func:`stream_lines` requests, in order: each 64-byte line of
+    ``slots[2 * lo:2 * (lo + n)]``, then of ``mscore[lo:lo + n]``, once."""
+    got = [tuple(line_at(lo, n, q)) for q in range(range_lines(n))]
+    want = [(0, off) for off in range(16 * lo, 16 * (lo + n), 64)] + \
+        [(1, off) for off in range(8 * lo, 8 * (lo + n), 64)]
+    assert got == want
 
 
 @pytest.mark.parametrize("mode", ["serial", "ranges", "fill"])
