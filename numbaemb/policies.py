@@ -1,5 +1,8 @@
 """Restrict policies: bound a variable's size by evicting stale or rare keys.
 
+The admission filters (:mod:`numbaemb.admission`) are here too, under the names
+``ne.policies.CounterFilter``, ``BloomFilter`` and ``RandomFilter``.
+
 A policy keeps one int64 score per key in a column that shares the key's row,
 so evicting a key removes its embedding and every optimizer slot together.
 Call ``update(ids)`` for the ids a training step touched (the TF optimizer
@@ -19,7 +22,10 @@ import numpy as np
 from jit_kernels import columns as k
 from jit_kernels.initializers import ZEROS
 
-__all__ = ["RestrictPolicy", "TimestampRestrictPolicy", "FrequencyRestrictPolicy"]
+from .admission import BloomFilter, CounterFilter, RandomFilter
+
+__all__ = ["RestrictPolicy", "TimestampRestrictPolicy", "FrequencyRestrictPolicy",
+           "CounterFilter", "BloomFilter", "RandomFilter"]
 
 
 class RestrictPolicy:

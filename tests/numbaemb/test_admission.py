@@ -59,6 +59,18 @@ def test_counter_filter_admits_at_min_count(op):
             np.testing.assert_allclose(row, table[k], rtol=1e-6)
 
 
+def test_the_filters_go_by_the_issue_names_in_policies_too():
+    """``ne.policies.CounterFilter(min_count=3)`` (the spelling of the bounded-table
+    issue, beside the restrict policies) is the admission module's class."""
+    v = ne.Variable(2, admit=ne.policies.CounterFilter(min_count=2))
+    v.find_or_insert(np.array([7]))
+    assert v.size() == 0
+    v.find_or_insert(np.array([7]))
+    assert v.size() == 1
+    for name in ("CounterFilter", "BloomFilter", "RandomFilter"):
+        assert getattr(ne.policies, name) is getattr(ne.admission, name)
+
+
 def test_counter_filter_forgets_beyond_its_capacity():
     f = CounterFilter(min_count=2, capacity=8)
     v = ne.Variable(1, admit=f)
