@@ -6,9 +6,9 @@ The simulator runs kernels as Python and accepts code that a GPU compiler
 rejects (a device function returning a view of its argument did, once), so
 the simulator tests alone do not show that the kernels compile.
 
-    NUMBA_ENABLE_CUDASIM=1 python -m tests.cuda_launches OUT.pkl
+    NUMBA_ENABLE_CUDASIM=1 python -m tests.cuda_launches OUT.pkl [PART]
 
-OUT.pkl holds ``{"kernels": [names], "launches": {(name, arg_types)}, "errors": [...]}``.
+(PART 0 or 1: one half of the workload, see :func:`workload`.)  OUT.pkl holds ``{"kernels": [names], "launches": {(name, arg_types)}, "errors": [...]}``.
 """
 import pickle
 import sys
@@ -44,16 +44,36 @@ def record(K):
     return names, launches, errors
 
 
-def workload():
+PARTS = 2   # the workload's parts, run at once in as many simulator processes
+
+
+def workload(part=None):
     """The CUDA tables' operations over the key and value dtypes, growth, deletes,
     hybrid storage, checkpoints and every optimizer (tiny sizes: the simulator
-    runs a Python thread per CUDA thread)."""
-    import tempfile
-
+    runs a Python thread per CUDA thread); ``part`` 0 or 1: one half of them
+    (about 50 s each on a 2-core VM), None: both."""
     import numbaemb as ne
     from numbaemb import optimizers as O
 
     keys = np.array([0, -1, 2**63 - 1, -2**63, 5, 5, 9], np.int64)
+    # one rule a kernel (options are run-time flags, not types)
+    rules = [O.SGD(0.1, momentum=0.9), O.Adagrad(0.1), O.Adam(0.1), O.Ftrl(0.1),
+             O.RMSprop(0.1, momentum=0.5, centered=True)]
+    ids = np.array([4, 4, 9, -1], np.int64)
+    grads = np.ones((4, 3), np.float32)
+    if part in (None, 0):
+        _tables_and_steps(ne, O, keys, rules, ids, grads)
+    if part in (None, 1):
+        _bounded_and_exchange(ne, O, keys, rules, ids, grads)
+
+
+def _tables_and_steps(ne, O, keys, rules, ids, grads):
+    """Unbounded tables of every dtype, growth, hybrid storage, every optimizer's
+    step, admission filters and steps-to-live."""
+    import tempfile
+
+    from jit_kernels import cuda_table as ct
+    cuda = ct.cuda_api()
     for value_dtype in ("float32", "float64", "float16", "bfloat16", "int8", "int64"):
         v = ne.Variable(3, value_dtype=value_dtype, device="cuda", num_shards=2,
                         initializer=ne.initializers.RandomNormal(0.0, 1.0, seed=1)
@@ -67,8 +87,6 @@ def workload():
         v.remove(keys[:2])
         v.export()
         v.size()
-    from jit_kernels import cuda_table as ct
-    cuda = ct.cuda_api()
     half = ne.Variable(3, value_dtype="float16", device="cuda")   # device input converted:
     half.upsert(cuda.to_device(keys.astype(np.int32)),           # int32 keys cast to int64,
                 cuda.to_device(np.ones((keys.size, 3), np.float32)))   # float32 narrowed
@@ -86,11 +104,7 @@ def workload():
     with tempfile.TemporaryDirectory() as d:
         hybrid.save(f"{d}/t.nbe")
         ne.Variable.load(f"{d}/t.nbe", device="cuda").lookup(np.arange(5))
-    # one rule a kernel (options are run-time flags, not types); repeats, then unique ids
-    rules = [O.SGD(0.1, momentum=0.9), O.Adagrad(0.1), O.Adam(0.1), O.Ftrl(0.1),
-             O.RMSprop(0.1, momentum=0.5, centered=True)]
-    ids = np.array([4, 4, 9, -1], np.int64)
-    grads = np.ones((4, 3), np.float32)
+    # each rule's step: repeats, then unique ids
     uniq = np.array([4, 9, -1], np.int64)
     for value_dtype in ("float32", "float16"):
         for rule in rules:
@@ -99,10 +113,31 @@ def workload():
             O.apply_gradients(t, rule, uniq, grads[:3], step=2, assume_unique=True)
             O.slot_values(t, rule, rule.slots()[0][0], uniq)
     O.apply_gradients(t, rules[-1], uniq, grads, step=3, inverse=np.array([0, 0, 1, 2]))
+    f = ne.Variable(2, device="cuda", admit=ne.admission.CounterFilter(min_count=2))
+    for _ in range(2):          # an admission filter: positions taken and put back
+        f.find_or_insert(ids)
+        f.upsert(ids, np.ones((4, 2), np.float32))
+        O.apply_gradients(f, rules[1], ids[:3], np.ones((3, 2), np.float32), step=1)
+    for hbm in (None, 40):      # steps_to_live: the step marks rows; expiry, small rows
+        e = ne.Variable(2, device="cuda", steps_to_live=1, max_hbm_bytes=hbm)
+        O.apply_gradients(e, rules[0], ids, np.ones((4, 2), np.float32), step=1)
+        O.apply_gradients(e, rules[0], ids[:1], np.ones((1, 2), np.float32), step=3)
+        ne.expiry.expire(e)
+        ne.expiry.prune_small(e, 1.0)
+
+
+def _bounded_and_exchange(ne, O, keys, rules, ids, grads):
+    """Bounded tables (fills, evictions in ranges and round two, custom scores, hybrid
+    storage, reloads) and a split table's exchange kernels."""
+    import tempfile
+
+    from jit_kernels import bounded as kb
+    from jit_kernels import cuda_exchange as cx
+    from jit_kernels import cuda_table as ct
+    cuda = ct.cuda_api()
     # a bounded table: a fill in ranges, the serial pass, ranges into the full table
     # (their thresholds lowered: the simulator is slow), custom scores, a step with ids
     # not admitted, a reload
-    from jit_kernels import bounded as kb
     kb.RANGES_MIN, kb.RANGE_SLOTS = 16, 64
     for policy in ("lfu", "custom"):
         b = ne.Variable(3, device="cuda", max_capacity=100, evict=policy, evict_window=1)
@@ -125,24 +160,10 @@ def workload():
     h.find_or_insert(np.arange(30), return_evicted="columns")
     h.accum(keys, np.zeros((keys.size, 3), np.float32), np.ones((keys.size, 3), np.float32),
             np.arange(keys.size) % 2 == 0)
-    f = ne.Variable(2, device="cuda", admit=ne.admission.CounterFilter(min_count=2))
-    for _ in range(2):          # an admission filter: positions taken and put back
-        f.find_or_insert(ids)
-        f.upsert(ids, np.ones((4, 2), np.float32))
-        O.apply_gradients(f, rules[1], ids[:3], np.ones((3, 2), np.float32), step=1)
-    for hbm in (None, 40):      # steps_to_live: the step marks rows; expiry, small rows
-        e = ne.Variable(2, device="cuda", steps_to_live=1, max_hbm_bytes=hbm)
-        O.apply_gradients(e, rules[0], ids, np.ones((4, 2), np.float32), step=1)
-        O.apply_gradients(e, rules[0], ids[:1], np.ones((1, 2), np.float32), step=3)
-        ne.expiry.expire(e)
-        ne.expiry.prune_small(e, 1.0)
     with tempfile.TemporaryDirectory() as d:
         b.save(f"{d}/b.nbe")
         ne.Variable.load(f"{d}/b.nbe", device="cuda").find_or_insert(np.arange(3))
     # a split GPU table's exchange (its kernels; the MPI part is tests/distributed's)
-    from jit_kernels import cuda_exchange as cx
-    from jit_kernels import cuda_table as ct
-    cuda = ct.cuda_api()
     for bits, unique in ((32, True), (64, False), (64, True)):
         send, counts, slot, first = cx.plan(cuda.to_device(keys), 3, bits, unique)
     for dt in (np.float32, np.float64):       # gradient sums in each compute dtype
@@ -152,13 +173,13 @@ def workload():
     cx.pick(back, slot)
 
 
-def main(out):
+def main(out, part=None):
     from jit_kernels import cuda_table as ct
     names, launches, errors = record(ct._kernels())
-    workload()
+    workload(part)
     with open(out, "wb") as f:
         pickle.dump({"kernels": names, "launches": launches, "errors": errors}, f)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None)
