@@ -8,7 +8,8 @@ the simulator tests alone do not show that the kernels compile.
 
     NUMBA_ENABLE_CUDASIM=1 python -m tests.cuda_launches OUT.pkl [PART]
 
-(PART 0 or 1: one half of the workload, see :func:`workload`.)  OUT.pkl holds ``{"kernels": [names], "launches": {(name, arg_types)}, "errors": [...]}``.
+PART (0 or 1) runs one of the workload's :data:`PARTS` only.  OUT.pkl holds
+``{"kernels": [names], "launches": {(name, arg_types)}, "errors": [...]}``.
 """
 import pickle
 import sys
@@ -44,14 +45,11 @@ def record(K):
     return names, launches, errors
 
 
-PARTS = 2   # the workload's parts, run at once in as many simulator processes
-
-
 def workload(part=None):
     """The CUDA tables' operations over the key and value dtypes, growth, deletes,
     hybrid storage, checkpoints and every optimizer (tiny sizes: the simulator
-    runs a Python thread per CUDA thread); ``part`` 0 or 1: one half of them
-    (about 50 s each on a 2-core VM), None: both."""
+    runs a Python thread per CUDA thread); ``part``: only ``PARTS[part]`` of them
+    (35 s each on a 2-core VM, 101 s for the whole workload in one process)."""
     import numbaemb as ne
     from numbaemb import optimizers as O
 
@@ -61,10 +59,9 @@ def workload(part=None):
              O.RMSprop(0.1, momentum=0.5, centered=True)]
     ids = np.array([4, 4, 9, -1], np.int64)
     grads = np.ones((4, 3), np.float32)
-    if part in (None, 0):
-        _tables_and_steps(ne, O, keys, rules, ids, grads)
-    if part in (None, 1):
-        _bounded_and_exchange(ne, O, keys, rules, ids, grads)
+    for p, run in enumerate(PARTS):
+        if part in (None, p):
+            run(ne, O, keys, rules, ids, grads)
 
 
 def _tables_and_steps(ne, O, keys, rules, ids, grads):
@@ -171,6 +168,9 @@ def _bounded_and_exchange(ne, O, keys, rules, ids, grads):
     back = cuda.to_device(np.ones(send.shape[0], np.bool_))
     cx.pick(back, slot, first)
     cx.pick(back, slot)
+
+
+PARTS = (_tables_and_steps, _bounded_and_exchange)   # run at once, a simulator process each
 
 
 def main(out, part=None):
