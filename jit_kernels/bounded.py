@@ -362,8 +362,9 @@ def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, hold
     vacated run would reach ``hi`` is deferred (``deferred[i]``, rows and
     where left -2 / -1), and so are its later repeats.  ``stream > 0``: the next range,
     ``[hi, hi + stream)``, which the same thread runs next (Numba hands each thread a
-    stretch of consecutive ranges): its index lines are requested as the pass goes
-    (:func:`jit_kernels.bounded_stream.stream_lines`).  ``held`` (``DEFER_KEYS``,) and
+    stretch of consecutive ranges; the last range of a stretch streams another thread's
+    first, a hint wasted, never a wrong result): its index lines are requested as the
+    pass goes (:func:`jit_kernels.bounded_stream.stream_lines`).  ``held`` (``DEFER_KEYS``,) and
     ``spec`` (``SPEC``,) int64 are work space (the keys deferred so far; the victims
     foreseen for the next keys, taken when no key since wrote their window, see
     :func:`_foreseen`).  ``n_free < 0``: a fill in ranges (the table
