@@ -49,7 +49,7 @@ def workload(part=None):
     """The CUDA tables' operations over the key and value dtypes, growth, deletes,
     hybrid storage, checkpoints and every optimizer (tiny sizes: the simulator
     runs a Python thread per CUDA thread); ``part``: only ``PARTS[part]`` of them
-    (35 s each on a 2-core VM, 101 s for the whole workload in one process)."""
+    (19 and 12 s alone on a 2-core VM, with `tests.cuda_support.quiet_simulator_blocks`)."""
     import numbaemb as ne
     from numbaemb import optimizers as O
 
@@ -175,6 +175,8 @@ PARTS = (_tables_and_steps, _bounded_and_exchange)   # run at once, a simulator 
 
 def main(out, part=None):
     from jit_kernels import cuda_table as ct
+    from tests.cuda_support import quiet_simulator_blocks
+    quiet_simulator_blocks()
     names, launches, errors = record(ct._kernels())
     workload(part)
     with open(out, "wb") as f:

@@ -45,7 +45,8 @@ pytestmark = [pytest.mark.ptx, pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     """The launches of the workload's parts, each recorded by its own simulator process,
-    all at once (35 s each on a 2-core VM, 101 s for the whole workload in one)."""
+    all at once (on a 2-core VM 35 s each and 101 s for the whole workload in one; 19 and
+    12 s alone since the simulator waits for its threads, `quiet_simulator_blocks`)."""
     from tests.cuda_launches import PARTS
     tmp = tmp_path_factory.mktemp("launches")
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
