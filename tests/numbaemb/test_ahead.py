@@ -46,7 +46,7 @@ def _job(cache_dir, ahead):
 
 @needs_locks
 def test_a_cold_process_loads_the_step_kernels_its_helper_compiled(tmp_path):
-    alone = _job(tmp_path / "alone", "0")
+    alone = _job(tmp_path / "alone", "0")        # turned off: no helper, it compiles all
     helped = _job(tmp_path / "helped", "1")
     assert alone["helper"] is None and helped["helper"] == 0     # it ran and ended well
     assert helped["first"] == alone["first"] and helped["after"] == alone["after"]
@@ -57,11 +57,6 @@ def test_a_cold_process_loads_the_step_kernels_its_helper_compiled(tmp_path):
     # a warm process starts no helper
     warm = _job(tmp_path / "helped", "1")
     assert warm["helper"] is None and warm["compiled"] == []
-
-
-@needs_locks
-def test_no_helper_when_turned_off(tmp_path):
-    assert _job(tmp_path, "0")["helper"] is None
 
 
 def test_the_plan_follows_the_last_table_and_optimizer(monkeypatch):
