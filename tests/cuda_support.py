@@ -116,7 +116,6 @@ def strict_simulator_arrays():
     Inside.__getitem__, Inside.__setitem__ = inside_get, inside_put
 
 
-
 def quiet_simulator_blocks():
     """Make the simulator wait for a block's threads instead of spinning on them.
 
@@ -164,6 +163,7 @@ def quiet_simulator_blocks():
 
     run.quiet = True
     sim.BlockManager.run = run
+
 
 # what numba-cuda's DeviceNDArray has besides dunders (its class's and its instances'
 # attributes, numba-cuda 0.30): the simulator's arrays answer only these
