@@ -19,6 +19,5 @@ settings.register_profile("long", max_examples=2000, deadline=None,
 settings.load_profile("long" if os.environ.get("NUMBAEMB_LONG") == "1" else "ci")
 
 if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":     # device arrays as strict as a GPU's
-    from tests.cuda_support import quiet_simulator_blocks, strict_simulator_arrays
-    strict_simulator_arrays()
-    quiet_simulator_blocks()
+    from tests.cuda_support import simulate_as_tests_do
+    simulate_as_tests_do()

@@ -175,8 +175,8 @@ PARTS = (_tables_and_steps, _bounded_and_exchange)   # run at once, a simulator 
 
 def main(out, part=None):
     from jit_kernels import cuda_table as ct
-    from tests.cuda_support import quiet_simulator_blocks
-    quiet_simulator_blocks()
+    from tests.cuda_support import simulate_as_tests_do
+    simulate_as_tests_do()
     names, launches, errors = record(ct._kernels())
     workload(part)
     with open(out, "wb") as f:

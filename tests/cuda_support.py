@@ -65,8 +65,7 @@ def strict_simulator_arrays():
     indexing with an array (a mask or positions), arithmetic and comparisons, numpy's
     methods (``sum``, ``astype``, ...), all of which numpy-backed simulator arrays would
     otherwise accept, hiding a host-only expression from every simulator run.  Inside
-    kernels they are indexed as before.  Called once from ``tests/conftest.py`` under the
-    simulator."""
+    kernels they are indexed as before.  Installed by :func:`simulate_as_tests_do`."""
     import numpy as np
     from numba.cuda.simulator.cudadrv.devicearray import (FakeCUDAArray,
                                                           FakeWithinKernelCUDAArray as Inside)
@@ -125,8 +124,8 @@ def quiet_simulator_blocks():
     holds the GIL the threads need: TestCudaSharded spent 30 of its 45 s in it.  This
     ``run`` keeps its semantics (a barrier opens when every live thread of the block
     waits at it; the first thread's exception aborts the others and is raised) but
-    sleeps in ``join`` on a running thread between looks.  Called once from
-    ``tests/conftest.py`` and the launch recorder under the simulator."""
+    sleeps in ``join`` on a running thread between looks.  Installed by
+    :func:`simulate_as_tests_do`."""
     import numpy as np
     from numba.cuda.simulator import kernel as sim
 
@@ -164,6 +163,13 @@ def quiet_simulator_blocks():
     run.quiet = True
     sim.BlockManager.run = run
 
+
+
+def simulate_as_tests_do():
+    """Both of the above: what ``tests/conftest.py`` installs under the simulator, and
+    the simulator processes the tests start (the ptx launch recorder, GPU restores)."""
+    strict_simulator_arrays()
+    quiet_simulator_blocks()
 
 # what numba-cuda's DeviceNDArray has besides dunders (its class's and its instances'
 # attributes, numba-cuda 0.30): the simulator's arrays answer only these

@@ -279,8 +279,8 @@ def test_async_checkpoint_writes_the_table_as_it_was_at_save(tmp_path):
 GPU_RESTORE = r"""
 import numpy as np
 import numbaemb as ne
-from tests.cuda_support import quiet_simulator_blocks, strict_simulator_arrays
-strict_simulator_arrays(); quiet_simulator_blocks()     # as tests/conftest.py does
+from tests.cuda_support import simulate_as_tests_do
+simulate_as_tests_do()      # as tests/conftest.py does
 from numbaemb.optimizers import Adam, apply_gradients, slot_values
 from tf_bridge.checkpoint import restore_table_state, table_state
 
