@@ -117,12 +117,29 @@ def as_keys(keys, dtype: np.dtype, name="keys") -> np.ndarray:
     if isinstance(keys, (list, tuple)) and len(keys) == 0:
         return np.empty(0, dtype)
     arr = np.asarray(keys)
+    if arr.dtype == object and arr.size and _all_python_ints(arr):
+        _check_big_ints(arr, dtype, name)   # (numpy keeps ints past 64 bits as objects)
     if arr.dtype.kind not in "iu":
         raise DtypeError(f"{name} must hold integers ({dtype} for this table), got dtype {arr.dtype}")
     if arr.dtype != dtype:
         _check_int_range(arr, dtype, name, "key range")
         arr = arr.astype(dtype)
     return arr
+
+
+def _all_python_ints(arr) -> bool:
+    return all(isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+               for x in arr.flat)
+
+
+def _check_big_ints(arr, dtype, name):
+    """Python ints that numpy kept as objects: the range error that names them (an
+    object array of ints that all fit is still refused for its dtype, below)."""
+    info = np.iinfo(dtype)
+    lo, hi = min(arr.flat), max(arr.flat)
+    if lo < info.min or hi > info.max:
+        raise ValueError(f"{name} holds values outside the {dtype} key range "
+                         f"[{info.min}, {info.max}]: min {lo}, max {hi}")
 
 
 def _check_int_range(arr, dtype, name, what="range"):

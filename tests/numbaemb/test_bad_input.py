@@ -93,7 +93,8 @@ def test_int32_table_rejects_out_of_range_keys(num_shards, bad):
 
 @pytest.mark.parametrize("num_shards", SHARDS)
 @pytest.mark.parametrize("bad", [np.array([2 ** 63], np.uint64),
-                                 np.array([1, 2 ** 64 - 1], np.uint64), [2 ** 63, 2 ** 63 + 5]])
+                                 np.array([1, 2 ** 64 - 1], np.uint64), [2 ** 63, 2 ** 63 + 5],
+                                 [2 ** 64], [-1, 2 ** 63], [[1], [-2 ** 63 - 1]]])
 def test_uint64_keys_above_int64_max_raise(num_shards, bad):
     v, _ = filled(num_shards)
     assert_every_call_rejects(v, bad, ValueError, "keys.*int64")
