@@ -117,8 +117,8 @@ def as_keys(keys, dtype: np.dtype, name="keys") -> np.ndarray:
     if isinstance(keys, (list, tuple)) and len(keys) == 0:
         return np.empty(0, dtype)
     arr = np.asarray(keys)
-    if arr.dtype == object and arr.size and _all_python_ints(arr):
-        _check_big_ints(arr, dtype, name)   # (numpy keeps ints past 64 bits as objects)
+    if arr.dtype == object:     # numpy keeps Python ints past 64 bits as objects
+        _check_object_ints(arr, dtype, name)
     if arr.dtype.kind not in "iu":
         raise DtypeError(f"{name} must hold integers ({dtype} for this table), got dtype {arr.dtype}")
     if arr.dtype != dtype:
@@ -127,29 +127,26 @@ def as_keys(keys, dtype: np.dtype, name="keys") -> np.ndarray:
     return arr
 
 
-def _all_python_ints(arr) -> bool:
-    return all(isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+def _check_object_ints(arr, dtype, name):
+    """The key-range error for an object array of ints, one of them out of range (an
+    object array is refused for its dtype otherwise, by the caller)."""
+    ints = all(isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
                for x in arr.flat)
-
-
-def _check_big_ints(arr, dtype, name):
-    """Python ints that numpy kept as objects: the range error that names them (an
-    object array of ints that all fit is still refused for its dtype, below)."""
-    info = np.iinfo(dtype)
-    lo, hi = min(arr.flat), max(arr.flat)
-    if lo < info.min or hi > info.max:
-        raise ValueError(f"{name} holds values outside the {dtype} key range "
-                         f"[{info.min}, {info.max}]: min {lo}, max {hi}")
+    if ints and arr.size:
+        _check_bounds(min(arr.flat), max(arr.flat), dtype, name, "key range")
 
 
 def _check_int_range(arr, dtype, name, what="range"):
     """ValueError when integer ``arr`` holds values that ``dtype`` cannot represent."""
     if arr.size and not np.can_cast(arr.dtype, dtype, "safe"):
-        info = np.iinfo(dtype)
-        lo, hi = arr.min(), arr.max()
-        if int(lo) < info.min or int(hi) > info.max:
-            raise ValueError(f"{name} holds values outside the {dtype} {what} "
-                             f"[{info.min}, {info.max}]: min {lo}, max {hi}")
+        _check_bounds(arr.min(), arr.max(), dtype, name, what)
+
+
+def _check_bounds(lo, hi, dtype, name, what):
+    info = np.iinfo(dtype)
+    if int(lo) < info.min or int(hi) > info.max:
+        raise ValueError(f"{name} holds values outside the {dtype} {what} "
+                         f"[{info.min}, {info.max}]: min {lo}, max {hi}")
 
 
 def flat_int64(keys: np.ndarray) -> np.ndarray:
