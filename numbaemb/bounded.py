@@ -153,7 +153,8 @@ class BoundedRows:
             call = (self.slots, self.mask, k, part(given, lo, lo + step), self._scores(),
                     self.mscore, self.mark, self._batch, hold, r, part(where, lo, lo + step),
                     part(inserted, lo, lo + step))
-            ranges = kb.ranges_for(self.capacity, self.window)
+            window = min(self.window, self.capacity)    # (wider: the same slots again)
+            ranges = kb.ranges_for(self.capacity, window)
             wide = k.shape[0] >= kb.RANGES_MIN and ranges > 1
             if wide and self.n_full < self.limit:    # a fill: the call cannot fill the table
                 wide = self.n_full + bk.absent_count(r) <= self.limit
@@ -162,12 +163,12 @@ class BoundedRows:
             evs = (ev_keys, ev_rows) if n_ev == 0 else (ev_keys[n_ev:], ev_rows[n_ev:])
             if wide:                # ranges of the index on all threads
                 taken, ev, made, size = bk.bounded_insert_ranges(
-                    *call, *rest, ranges, self.limit, self.window, self.policy, epoch,
+                    *call, *rest, ranges, self.limit, window, self.policy, epoch,
                     clock, scores is None, *evs, self._work("deferred", k.shape[0], np.int64),
                     **kw)
             else:
                 taken, ev, made, size = bk.bounded_insert(
-                    *call, *rest, self.limit, self.window, self.policy, epoch, clock,
+                    *call, *rest, self.limit, window, self.policy, epoch, clock,
                     scores is None, *evs, **kw)
             self._take_rows(taken)
             self.n_full = size

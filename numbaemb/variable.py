@@ -95,7 +95,11 @@ class Variable:
       evict: the score of a bounded table: ``"lru"`` (default), ``"lfu"``,
         ``"epoch_lru"``, ``"epoch_lfu"`` (epoch from :meth:`set_epoch`, else the last
         optimizer step) or ``"custom"`` (``scores=`` of ``find_or_insert`` / ``upsert``).
-      evict_window: index slots a new key looks at for its victim (default 32).
+      evict_window: index slots a new key looks at for its victim (default 32; a
+        window wider than the index is the whole index).  ``evict`` and
+        ``evict_window`` need ``max_capacity``.  A bounded table's index (with the
+        victim search's score copies) is allocated for ``max_capacity`` up front:
+        64-128 bytes a key (64 at a power of two); rows are made as keys arrive.
       steps_to_live: None, or keep per key the optimizer step that last updated it, so
         that :func:`numbaemb.expiry.expire` can drop the keys not updated in that many
         steps (see :mod:`numbaemb.expiry`; CPU or GPU).
@@ -572,6 +576,9 @@ def get_variable(name, dim, **kwargs) -> Variable:
     return old
 
 
+MAX_CAPACITY = 1 << 48
+
+
 def _bounds(max_capacity, evict, window, num_shards):
     """Checked ``(max_capacity, evict, window)`` of a bounded table (None, ... if not)."""
     from .bounded import POLICIES
@@ -579,8 +586,14 @@ def _bounds(max_capacity, evict, window, num_shards):
         raise ValueError(f"evict must be one of {list(POLICIES)}, got {evict!r}")
     window = _checks.positive_int(window, "evict_window")
     if max_capacity is None:
+        if evict != "lru" or window != 32:
+            raise ValueError(f"evict={evict!r} and evict_window={window} need max_capacity "
+                             f"(a table without max_capacity grows and never evicts)")
         return None, evict, window
     max_capacity = _checks.positive_int(max_capacity, "max_capacity")
+    if max_capacity > MAX_CAPACITY:
+        raise ValueError(f"max_capacity must be <= 2**48 (a bounded table's index is made "
+                         f"for it up front, 64-128 bytes a key), got {max_capacity}")
     if num_shards != 1:
         raise ValueError(f"a bounded table (max_capacity) has one shard (its kernels run in "
                          f"parallel within it), got num_shards={num_shards}")

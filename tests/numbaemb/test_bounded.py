@@ -274,6 +274,29 @@ def test_bad_bounded_arguments():
     with pytest.raises(ValueError, match="bounded tables"):
         ne.Variable(2).find_or_insert(np.array([1]), return_evicted=True)
     assert v.size() == 0
+    for kw in (dict(evict="lfu"), dict(evict_window=8)):     # meaningless unbounded
+        with pytest.raises(ValueError, match="need max_capacity"):
+            ne.Variable(2, **kw)
+    with pytest.raises(ValueError, match=r"max_capacity must be <= 2\*\*48"):
+        ne.Variable(2, max_capacity=1 << 62)       # (numpy: "maximum dimension exceeded")
+
+
+def test_a_window_wider_than_the_index_is_the_whole_index():
+    """A wider window sees the same slots again: the same victims as a window of the
+    whole index, found in one sweep (not a sweep of 10**9 slots a new key)."""
+    wide = ne.Variable(3, max_capacity=3000, evict="lfu", evict_window=10 ** 9)
+    whole = ne.Variable(3, max_capacity=3000, evict="lfu",
+                        evict_window=wide.shards[0].capacity)
+    rng = np.random.default_rng(5)
+    for n in (2500, 40, 2500, 3, 2500):
+        keys = rng.integers(-50_000, 50_000, n)
+        a = wide.find_or_insert(keys, return_exists=True, return_evicted=True)
+        b = whole.find_or_insert(keys, return_exists=True, return_evicted=True)
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+    assert wide.size() == whole.size() == 3000
+    for x, y in zip(wide.export("score"), whole.export("score")):
+        np.testing.assert_array_equal(x, y)
 
 
 @settings(max_examples=examples(30), deadline=None)
