@@ -104,6 +104,17 @@ def _names(dtypes):
     return [d.name for d in dtypes]
 
 
+def as_path(path, name="path") -> str:
+    """``path`` (str, bytes or os.PathLike) as a str; a TypeError naming ``name`` else."""
+    import os
+    try:
+        path = os.fspath(path)
+    except TypeError:
+        raise TypeError(f"{name} must be a str, bytes or os.PathLike file name, got "
+                        f"{type(path).__name__}") from None
+    return os.fsdecode(path) if isinstance(path, bytes) else path
+
+
 def positive_int(value, name, minimum=1) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")

@@ -156,6 +156,8 @@ class RandomFilter:
             raise ValueError(f"p must be a probability in (0, 1], got {p!r}")
         self.p = float(p)
         self.seed = _checks.positive_int(seed, "seed", minimum=0)
+        if self.seed >= 1 << 64:
+            raise ValueError(f"seed must be < 2**64 (it salts 64-bit hashes), got {seed}")
         self.clock = 0          # calls that brought absent ids so far
 
     def count(self, keys):

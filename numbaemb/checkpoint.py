@@ -350,9 +350,7 @@ def save(variable, path):
     ['v.nbe']
     >>> d.cleanup()
     """
-    path = os.fspath(path)
-    if isinstance(path, bytes):
-        path = os.fsdecode(path)
+    path = _checks.as_path(path)
     if os.path.isdir(path):
         raise IsADirectoryError(f"checkpoint path {path!r} is a directory; give a file name")
     dirname, base = os.path.split(os.path.abspath(path))
@@ -408,7 +406,7 @@ def load(path, num_shards=None, partitioner=None, device=None, max_hbm_bytes=Non
     >>> d.cleanup()
     """
     from .variable import Variable
-    path = os.fspath(path)
+    path = _checks.as_path(path)
     if num_shards is not None:
         num_shards = _checks.positive_int(num_shards, "num_shards")
     if partitioner is not None and not callable(partitioner):

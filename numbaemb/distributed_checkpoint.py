@@ -33,7 +33,7 @@ import secrets
 
 import numpy as np
 
-from . import checkpoint
+from . import _checks, checkpoint
 from ._checkpoint_read import _Archive
 from ._mpi import Comm, crc, size_of
 
@@ -61,9 +61,7 @@ def _sha256_file(path):
 
 
 def _check_dir(path):
-    path = os.fspath(path)
-    if isinstance(path, bytes):
-        path = os.fsdecode(path)
+    path = _checks.as_path(path)
     if not isinstance(path, str):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
     path = os.path.abspath(path)
@@ -86,7 +84,7 @@ def save(var, path):
         return d, 0
 
     with c.lock:
-        d, _ = var._begin("save", prepare, os.path.abspath(os.fspath(path)))
+        d, _ = var._begin("save", prepare, os.path.abspath(_checks.as_path(path)))
         token = c.bcast(secrets.token_hex(6) if c.rank == 0 else None)
         name = _part_name(token, c.rank, c.size)
         try:
@@ -204,7 +202,7 @@ def _open_part(d, part):
 
 def _sources(path):
     """``(directory or None, manifest or None, part entries)`` of a checkpoint path."""
-    path = os.path.abspath(os.fspath(path))
+    path = os.path.abspath(_checks.as_path(path))
     if os.path.isdir(path):
         man = read_manifest(path)
         return path, man, man["parts"]
@@ -227,6 +225,7 @@ def load(path, comm=None, num_shards=None, partitioner=None, device=None, max_hb
     """
     from .distributed import OPS
     from .variable import Variable
+    path = _checks.as_path(path)        # (every rank has the same argument)
     world = size_of(comm)
     if world == 1:
         d, man, parts = _sources(path)
@@ -252,8 +251,7 @@ def load(path, comm=None, num_shards=None, partitioner=None, device=None, max_hb
             cfg = _config(opened, man)
         except Exception as e:      # noqa: BLE001  every rank raises it
             error = e
-        c.start(OPS["load"], crc(os.path.abspath(os.fspath(path))), 0, 0, error,
-                f"loading {os.fspath(path)!r}")
+        c.start(OPS["load"], crc(os.path.abspath(path)), 0, 0, error, f"loading {path!r}")
     try:    # creating the table is collective: every rank gets here
         v = checkpoint.make_variable(cfg, Variable, num_shards, partitioner, device,
                                      max_hbm_bytes, comm=comm)
@@ -281,7 +279,7 @@ def load(path, comm=None, num_shards=None, partitioner=None, device=None, max_hb
         errors = c.allgather(error)
     bad = [f"rank {r}: {e}" for r, e in enumerate(errors) if e is not None]
     if bad:
-        raise ValueError(f"loading {os.fspath(path)!r} failed: " + "; ".join(bad))
+        raise ValueError(f"loading {path!r} failed: " + "; ".join(bad))
     return v
 
 

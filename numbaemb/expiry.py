@@ -96,6 +96,9 @@ def expire(variable, step=None):
 def prune_small(variable, min_norm):
     """Remove the keys whose row (``values``) has an L2 norm below ``min_norm``; returns
     how many were removed."""
+    if isinstance(min_norm, (bool, np.bool_)) or \
+            not isinstance(min_norm, (int, float, np.integer, np.floating)):
+        raise TypeError(f"min_norm must be a number, got {type(min_norm).__name__}")
     min_norm = float(min_norm)
     if not min_norm >= 0.0:
         raise ValueError(f"min_norm must be a number >= 0, got {min_norm}")

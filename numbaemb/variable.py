@@ -543,7 +543,7 @@ class Variable:
         :mod:`numbaemb.distributed_checkpoint`."""
         import os
         from ._mpi import size_of
-        if os.path.isdir(os.fspath(path)) or size_of(comm) > 1:
+        if os.path.isdir(_checks.as_path(path)) or size_of(comm) > 1:
             from . import distributed_checkpoint
             return distributed_checkpoint.load(path, comm=comm, num_shards=num_shards,
                                                partitioner=partitioner, device=device,

@@ -359,6 +359,25 @@ def test_export_of_an_unknown_column(num_shards):
         s.export("nope")
 
 
+def test_arguments_past_the_constructor_name_themselves(tmp_path):
+    """Paths, thresholds and seeds of the other entry points: TypeErrors and
+    ValueErrors that name the argument, not Python's or Numba's own messages."""
+    v, keys = filled(1)
+    for bad in (123, None, 1.5):
+        with pytest.raises(TypeError, match="path must be a str, bytes or os.PathLike"):
+            v.save(bad)
+        with pytest.raises(TypeError, match="path must be a str, bytes or os.PathLike"):
+            ne.Variable.load(bad)
+    v.save(str(tmp_path / "v.nbe").encode())          # bytes paths are paths
+    assert ne.Variable.load(tmp_path / "v.nbe").size() == v.size()
+    for bad in ("a", None, [1.0], True):
+        with pytest.raises(TypeError, match="min_norm must be a number"):
+            ne.expiry.prune_small(v, bad)
+    with pytest.raises(ValueError, match=r"seed must be < 2\*\*64"):
+        ne.admission.RandomFilter(0.5, seed=1 << 70)      # (Numba could not type it)
+    assert v.size() == keys.size
+
+
 # ---- get_variable ---------------------------------------------------------------------------
 
 def fresh_name():
