@@ -165,8 +165,9 @@ def flat_int64(keys: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(keys.reshape(-1), dtype=np.int64)
 
 
-def as_values(values, key_shape, dim, dtype, name="values") -> np.ndarray:
-    """``values`` as a C-contiguous ``(n, dim)`` array of ``dtype``; checks the shape."""
+def as_values(values, key_shape, dim, dtype, name="values", shape_of="keys") -> np.ndarray:
+    """``values`` as a C-contiguous ``(n, dim)`` array of ``dtype``; checks the shape
+    (``key_shape``: the shape of the argument ``shape_of``)."""
     arr = np.asarray(values)
     if not is_real(arr.dtype):
         raise DtypeError(f"{name} must hold real numbers ({dtype} for this table), got dtype {arr.dtype}")
@@ -177,7 +178,8 @@ def as_values(values, key_shape, dim, dtype, name="values") -> np.ndarray:
         _check_int_range(arr, dtype, name)
     want = tuple(key_shape) + (dim,)
     if arr.shape != want:
-        raise ValueError(f"{name} must have shape keys.shape + (dim,) = {want}, got {arr.shape}")
+        raise ValueError(f"{name} must have shape {shape_of}.shape + (dim,) = {want}, got "
+                         f"{arr.shape}")
     return np.ascontiguousarray(arr, dtype=dtype).reshape(-1, dim)
 
 

@@ -379,7 +379,8 @@ def _position_rows(variable, grads, inverse, n_keys, at=""):
     (``at``: the argument names' suffix, e.g. ``"[3]"``)."""
     inverse = _checks.as_inverse(inverse, n_keys, f"inverse{at}").reshape(-1)
     return inverse, _checks.as_values(grads, inverse.shape, variable.dim,
-                                      _checks.compute_dtype(variable.value_dtype), f"grads{at}")
+                                      _checks.compute_dtype(variable.value_dtype), f"grads{at}",
+                                      shape_of=f"inverse{at}")
 
 
 def _initial_rows(variable, initial_rows, shape, at=""):
