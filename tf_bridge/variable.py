@@ -623,7 +623,7 @@ def _bounded_opts(max_capacity, evict, admit, steps_to_live):
     """numbaemb's arguments for bounding a table (none for a plain one)."""
     opts = {k: v for k, v in dict(max_capacity=max_capacity, admit=admit,
                                   steps_to_live=steps_to_live).items() if v is not None}
-    if max_capacity is not None:
+    if max_capacity is not None or evict != "lru":     # (numbaemb refuses evict alone)
         opts["evict"] = evict
     return opts
 

@@ -62,6 +62,14 @@ def test_restoring_more_keys_than_the_capacity_is_refused():
     assert int(small.size()) == 0
 
 
+def test_an_evict_policy_without_max_capacity_is_refused():
+    """A policy that never applies (the table grows) is an error, as in numbaemb."""
+    with pytest.raises(ValueError, match="need max_capacity"):
+        de.keras.layers.Embedding(3, evict="lfu")
+    with pytest.raises(ValueError, match="need max_capacity"):
+        de.Variable(dim=2, name="bounded_no_cap", evict="epoch_lru")
+
+
 def test_admission_and_steps_to_live_through_the_layer():
     from numbaemb.admission import CounterFilter
     ids = keras.Input((2,), dtype="int64")
