@@ -5,6 +5,7 @@ Split from :mod:`numbaemb.checkpoint`, which writes checkpoints and rebuilds
 variables from what this module has verified.
 """
 import hashlib
+import io
 import json
 import os
 import struct
@@ -60,11 +61,13 @@ def _get(d, key, typ, where, what=None):
 class _Archive:
     """A checked, open checkpoint archive: its manifest and raw access to members."""
 
-    def __init__(self, path):
+    def __init__(self, path, data=None):
+        """The file ``path``, or with ``data`` (bytes) those bytes (``path`` names them)."""
         self.path = path
-        self.f = open(path, "rb")       # FileNotFoundError / IsADirectoryError as is
+        # FileNotFoundError / IsADirectoryError as is
+        self.f = open(path, "rb") if data is None else io.BytesIO(data)
         try:
-            self.file_size = os.fstat(self.f.fileno()).st_size
+            self.file_size = os.fstat(self.f.fileno()).st_size if data is None else len(data)
             try:
                 zf = zipfile.ZipFile(self.f)
             except Exception as e:      # BadZipFile, OSError on bad offsets, struct.error, ...

@@ -69,7 +69,7 @@ from .sharding import default_partitioner, split
 from ._checkpoint_read import (FORMAT, FORMAT_VERSION, MANIFEST, _Archive, _Corrupt,
                                _bytes_view, _corrupt, _get, _parse_columns, _read_whole)
 
-__all__ = ["save", "load", "FORMAT", "FORMAT_VERSION"]
+__all__ = ["save", "load", "to_bytes", "from_bytes", "FORMAT", "FORMAT_VERSION"]
 
 CHUNK_BYTES = 32 << 20          # bytes per streamed chunk
 BULK_KEYS = 1 << 20             # keys per bulk-insert step on load
@@ -407,6 +407,49 @@ def load(path, num_shards=None, partitioner=None, device=None, max_hbm_bytes=Non
     """
     from .variable import Variable
     path = _checks.as_path(path)
+    num_shards, partitioner, device, max_hbm_bytes = _load_args(
+        num_shards, partitioner, device, max_hbm_bytes)
+    ar = _Archive(path)
+    try:
+        return _load(ar, Variable, num_shards, partitioner, device, max_hbm_bytes)
+    finally:
+        ar.close()
+
+
+def to_bytes(variable) -> bytes:
+    """The checkpoint of ``variable`` as bytes: what :func:`save` writes to its file
+    (the same format and checks), for a pickle, a queue or a database.  Needs the
+    table's size in memory once more.
+
+    >>> import numpy as np, numbaemb as ne
+    >>> v = ne.Variable(dim=2); v.upsert(np.array([4]), np.ones((1, 2)))
+    >>> from_bytes(to_bytes(v), num_shards=3).lookup(np.array([4])).tolist()
+    [[1.0, 1.0]]
+    """
+    _variable_manifest(variable)          # fail on an unsaveable config first
+    buf = io.BytesIO()
+    with variable._lock.read():
+        _write_archive(variable, buf)
+    return buf.getvalue()
+
+
+def from_bytes(data, num_shards=None, partitioner=None, device=None, max_hbm_bytes=None):
+    """A new Variable from the bytes :func:`to_bytes` (or a checkpoint file) holds;
+    arguments and errors as :func:`load`'s."""
+    from .variable import Variable
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"data must be bytes (a checkpoint's), got {type(data).__name__}")
+    num_shards, partitioner, device, max_hbm_bytes = _load_args(
+        num_shards, partitioner, device, max_hbm_bytes)
+    ar = _Archive("<bytes>", bytes(data))
+    try:
+        return _load(ar, Variable, num_shards, partitioner, device, max_hbm_bytes)
+    finally:
+        ar.close()
+
+
+def _load_args(num_shards, partitioner, device, max_hbm_bytes):
+    """The arguments of :func:`load` checked."""
     if num_shards is not None:
         num_shards = _checks.positive_int(num_shards, "num_shards")
     if partitioner is not None and not callable(partitioner):
@@ -416,11 +459,7 @@ def load(path, num_shards=None, partitioner=None, device=None, max_hbm_bytes=Non
         parse_device(device)                    # TypeError / ValueError naming the argument
     if max_hbm_bytes is not None:
         max_hbm_bytes = _checks.positive_int(max_hbm_bytes, "max_hbm_bytes")
-    ar = _Archive(path)
-    try:
-        return _load(ar, Variable, num_shards, partitioner, device, max_hbm_bytes)
-    finally:
-        ar.close()
+    return num_shards, partitioner, device, max_hbm_bytes
 
 
 def _load(ar, Variable, num_shards, partitioner, device, max_hbm_bytes):

@@ -552,6 +552,34 @@ class Variable:
         return checkpoint.load(path, num_shards=num_shards, partitioner=partitioner,
                                device=device, max_hbm_bytes=max_hbm_bytes)
 
+    # ---- pickling --------------------------------------------------------------------
+    def __reduce__(self):
+        """Pickles (and ``copy.copy`` / ``copy.deepcopy`` copies) as its checkpoint
+        (:func:`numbaemb.checkpoint.to_bytes`): an independent table with the same keys,
+        columns, configuration, shards and device, and its partitioner (if that
+        pickles) and limits.  A table split across MPI ranks raises a TypeError.
+
+        >>> import pickle, numpy as np, numbaemb as ne
+        >>> v = ne.Variable(dim=2); v.upsert(np.array([4]), np.ones((1, 2)))
+        >>> pickle.loads(pickle.dumps(v)).lookup(np.array([4])).tolist()
+        [[1.0, 1.0]]
+        """
+        if self.comm is not None:
+            raise TypeError("a table split across MPI ranks cannot be pickled or copied: "
+                            "save it with v.save(directory) (collective)")
+        from .checkpoint import to_bytes
+        return _unpickle, (to_bytes(self), self.partitioner, self.key_range, self.max_keys)
+
+
+def _unpickle(data, partitioner, key_range, max_keys):
+    from .checkpoint import from_bytes
+    v = from_bytes(data, partitioner=partitioner)
+    if key_range is not None:
+        v.key_range = key_range
+    if max_keys is not None:
+        v.max_keys = max_keys
+    return v
+
 
 _REGISTRY = {}
 
