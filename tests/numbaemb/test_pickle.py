@@ -10,6 +10,7 @@ import pytest
 
 import numbaemb as ne
 from numbaemb import checkpoint
+from tests.cuda_support import needs_cuda
 
 I64 = np.iinfo(np.int64)
 EXTREME = np.array([I64.min, I64.max, -1, 0])
@@ -53,12 +54,16 @@ COPIES = {"pickle": lambda v: pickle.loads(pickle.dumps(v)), "copy": copy.copy,
 
 def step(v, keys, t):
     """One round of what a training loop does: a lookup, an Adam step, an insert."""
-    out = [np.asarray(v.lookup(keys)).astype(np.float32)]
+    out = [host(v.lookup(keys)).astype(np.float32)]
     ids = v.ids(keys, insert=True) if is_str(v) else keys
     ne.optimizers.apply_gradients(v, ne.optimizers.Adam(0.1), ids,
                                   np.full((len(keys), v.dim), 0.5 * t, np.float32), step=t)
     r = v.find_or_insert(keys, return_exists=True)
-    return out + [np.asarray(r[0]).astype(np.float32), np.asarray(r[1])]
+    return out + [host(r[0]).astype(np.float32), host(r[1])]
+
+
+def host(a):
+    return a.copy_to_host() if hasattr(a, "copy_to_host") else np.asarray(a)
 
 
 def is_str(v):
@@ -70,9 +75,9 @@ def state(v):
     out = {}
     for c in cols:
         keys, vals = v.export(c)
-        keys = np.asarray(keys).astype(object if is_str(v) else np.int64)
+        keys = host(keys).astype(object if is_str(v) else np.int64)
         order = np.argsort(keys.astype(bytes) if is_str(v) else keys, kind="stable")
-        out[c] = (keys[order].tolist(), np.asarray(vals)[order].astype(np.float64))
+        out[c] = (keys[order].tolist(), host(vals)[order].astype(np.float64))
     return out
 
 
@@ -143,3 +148,18 @@ def test_from_bytes_refuses_what_is_not_a_checkpoint():
     with pytest.raises(ValueError, match="num_shards must be >= 1"):
         checkpoint.from_bytes(data, num_shards=0)
     assert checkpoint.from_bytes(memoryview(data), num_shards=4).size() == 4
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("kw", [dict(num_shards=2), dict(max_capacity=20, evict="lru")])
+def test_gpu_tables_pickle_onto_the_gpu(kw):
+    v = ne.Variable(3, device="cuda", **kw)
+    for t in range(1, 4):
+        step(v, np.arange(30) * t - 40, t)
+    w = pickle.loads(pickle.dumps(v))
+    assert w.device == v.device and w.size() == v.size()
+    assert_same_state(v, w)
+    for x, y in zip(step(v, np.arange(50) - 7, 4), step(w, np.arange(50) - 7, 4)):
+        np.testing.assert_array_equal(x, y)
+    assert_same_state(v, w)
