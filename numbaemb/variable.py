@@ -341,8 +341,9 @@ class Variable:
 
     # ---- writes ----------------------------------------------------------------------
     def find_or_insert(self, keys, return_exists=False, return_evicted=False, scores=None,
-                       _admitted_call=False):
-        """Like ``lookup``, but absent keys are inserted with their initial values.
+                       out=None, _admitted_call=False):
+        """Like ``lookup``, but absent keys are inserted with their initial values
+        (``out`` as ``lookup``'s: the rows are written there).
 
         Bounded tables (``max_capacity``): a key that is not admitted gets its initial
         values and is reported absent; ``scores`` (int64, ``keys.shape``) are the
@@ -351,14 +352,14 @@ class Variable:
         a dict of every evicted column (optimizer slots, the score)."""
         keys, flat = self._keys(keys, insert=True)
         n, a = flat.shape[0], self._arrays
-        out = a.empty((n, self.dim), self._store)
+        out = a.empty((n, self.dim), self._store) if out is None else self._out(out, n)
         exists = a.empty(n, np.bool_)
         if self.admit is not None and not _admitted_call:
             with self._lock.write():
                 ok = admitted(self, keys, flat)
             if ok is not None:
                 return self._filtered_find_or_insert(keys, flat, ok, return_exists,
-                                                     return_evicted, scores)
+                                                     return_evicted, scores, out)
         if self.max_capacity is not None:
             return self._bounded_find_or_insert(keys, flat, out, return_exists,
                                                 return_evicted, scores)
@@ -401,7 +402,8 @@ class Variable:
             for shard, pos, k in self._parts(keys, flat):
                 shard.upsert(k, values if pos is None else self._arrays.take(values, pos), **kw)
 
-    def _filtered_find_or_insert(self, keys, flat, ok, return_exists, return_evicted, scores):
+    def _filtered_find_or_insert(self, keys, flat, ok, return_exists, return_evicted, scores,
+                                 out):
         """``find_or_insert`` where only the positions ``ok`` may insert (an admission
         filter's verdict); the others read their initial values and are absent."""
         a = self._arrays
@@ -410,7 +412,9 @@ class Variable:
             flat[ok], return_exists=True, return_evicted=return_evicted, _admitted_call=True,
             scores=None if scores is None else np.asarray(scores).reshape(-1)[ok])
         rest = a.host(self.lookup(flat[~ok]))
-        out = np.empty((flat.shape[0], self.dim), rest.dtype)
+        if self.device != "cpu":     # (out was made for the device: rows meet on the host)
+            out = np.empty((flat.shape[0], self.dim), rest.dtype)
+        out = self._shown(out)
         out[ok], out[~ok] = a.host(sub[0]), rest
         exists = np.zeros(flat.shape[0], np.bool_)
         exists[ok] = a.host(sub[1])

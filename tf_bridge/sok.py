@@ -282,7 +282,7 @@ class DynamicVariable(Variable):
             return super()._np_lookup(keys, return_exists, record, out)
         self.table._check_room(keys, "this lookup (max_capacity)")   # keys: distinct here
         if self._pending is None:                  # rows are a function of the key
-            rows = self.table.find_or_insert(keys)
+            rows = self.table.find_or_insert(keys, **({} if out is None else {"out": out}))
         else:                                      # a callable initializer: draw, then keep
             rows = super()._np_lookup(keys, False, True)[0]
             self.insert_initial_values(keys)

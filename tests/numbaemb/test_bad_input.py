@@ -378,6 +378,42 @@ def test_arguments_past_the_constructor_name_themselves(tmp_path):
     assert v.size() == keys.size
 
 
+@pytest.mark.parametrize("kind", ["plain", "shards", "bounded", "filtered", "float16"])
+def test_find_or_insert_into_out_is_the_call_without_it(kind):
+    """``out=`` (as ``lookup``'s): the same rows, exists and table, written into the
+    caller's buffer and returned as its view; a bad ``out`` raises before any insert."""
+    def make():
+        return {"plain": lambda: ne.Variable(DIM),
+                "shards": lambda: ne.Variable(DIM, num_shards=3),
+                "bounded": lambda: ne.Variable(DIM, max_capacity=6, evict="lru"),
+                "filtered": lambda: ne.Variable(
+                    DIM, admit=ne.admission.CounterFilter(min_count=2)),
+                "float16": lambda: ne.Variable(DIM, value_dtype=np.float16)}[kind]()
+    a, b = make(), make()
+    dt = a.value_dtype
+    info = np.iinfo(np.int64)
+    keys = np.array([[info.min, 5, -1], [0, 5, info.max]])
+    for t in range(3):
+        k = keys + t * (t % 2)
+        want, want_e = a.find_or_insert(k, return_exists=True)
+        buf = np.full((k.size, DIM), 7, dt)
+        got, got_e = b.find_or_insert(k, return_exists=True, out=buf)
+        assert np.shares_memory(got, buf) and got.shape == k.shape + (DIM,)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got_e, want_e)
+    assert a.size() == b.size()
+    size = b.size()
+    for bad, err in [(np.zeros((5, DIM), dt), ValueError),             # rows
+                     (np.zeros((6, DIM + 1), dt), ValueError),          # width
+                     (np.zeros((6, DIM), np.float64 if dt != np.float64 else np.float32),
+                      ValueError),                                      # dtype
+                     (np.zeros((DIM, 6), dt).T, ValueError),            # not C-contiguous
+                     ([[0.0] * DIM] * 6, TypeError)]:                   # not an array
+        with pytest.raises(err, match="out must be"):
+            b.find_or_insert(keys + 1000, out=bad)
+        assert b.size() == size
+
+
 # ---- get_variable ---------------------------------------------------------------------------
 
 def fresh_name():
