@@ -27,7 +27,8 @@ returns a new array; the limit allocates its output the same way).
 DenseHashTable results stay tensors (no ``.numpy()``), which favours it; its
 export is filtered to live buckets (it exports every bucket), as ours returns
 live keys only.  The default initializer (zeros) is used unless a row says
-RandomNormal (mean 0, stddev 0.05).
+RandomNormal (mean 0, stddev 0.05).  The ``out=`` row writes into a buffer made
+(and its pages mapped) once, as a loop that reuses its output buffer does.
 """
 import argparse
 import gc
@@ -171,12 +172,16 @@ def numbaemb_cases(dim, table_keys, hit, miss, vals, args):
     limit = make_limit()
     np.testing.assert_array_equal(limit(shard.values, rows), var.lookup(hit))
     rn = ne.Variable(dim=dim, initializer=ne.initializers.RandomNormal())
+    buf = np.ones((miss.size, dim), var.value_dtype)
     reset_rn = lambda: restore(rn, snap)  # noqa: E731
     cases = {
         "lookup (hit)": (lambda: var.lookup(hit), None, None),
         "limit": (lambda: limit(shard.values, rows), None, None),
         "lookup (miss)": (lambda: var.lookup(miss), None, None),
         "find_or_insert (new keys)": (lambda: var.find_or_insert(miss), reset, reset),
+        # the same into a buffer the caller reuses (its pages mapped once, before the run)
+        "find_or_insert (new keys), out=": (lambda: var.find_or_insert(miss, out=buf), reset,
+                                           reset),
         "upsert (existing)": (lambda: var.upsert(hit, vals), reset, None),
         "remove": (lambda: var.remove(hit), reset, reset),
         "export": (var.export, None, None),
@@ -408,7 +413,8 @@ def bench_dim(dim, argv, with_tf, repeats, profile):
     if with_tf:
         workers["dht"] = Worker("dht", dim, argv)
     times = {}
-    groups = [["lookup (hit)", "limit"], ["lookup (miss)"], ["find_or_insert (new keys)"],
+    groups = [["lookup (hit)", "limit"], ["lookup (miss)"],
+              ["find_or_insert (new keys)", "find_or_insert (new keys), out="],
               ["upsert (existing)"], ["remove"], ["export"], ["lookup (miss), RandomNormal"],
               ["find_or_insert (new keys), RandomNormal"]]
     for group in groups:
@@ -453,7 +459,8 @@ def compile_times():
 # ---------------------------------------------------------------------------------
 # report
 # ---------------------------------------------------------------------------------
-OPS = ["lookup (hit)", "lookup (miss)", "find_or_insert (new keys)", "upsert (existing)",
+OPS = ["lookup (hit)", "lookup (miss)", "find_or_insert (new keys)",
+       "find_or_insert (new keys), out=", "upsert (existing)",
        "remove", "export", "lookup (miss), RandomNormal", "find_or_insert (new keys), RandomNormal"]
 
 
@@ -525,7 +532,8 @@ def main():
                 row.append(mks(nd, dht[op]))
                 ratio_dht = (n / t) / (nd / dht[op])
             else:
-                row.append("—" if tf_version is None or "RandomNormal" in op else "n/a")
+                row.append("—" if tf_version is None or "RandomNormal" in op or "out=" in op
+                           else "n/a")
             if op == "lookup (hit)":
                 row.append(mks(args.batch, ours["limit"]))
                 ratio_lim = ours["limit"] / t
