@@ -426,6 +426,9 @@ def to_bytes(variable) -> bytes:
     >>> from_bytes(to_bytes(v), num_shards=3).lookup(np.array([4])).tolist()
     [[1.0, 1.0]]
     """
+    if getattr(variable, "comm", None) is not None:
+        raise TypeError("a table split across MPI ranks cannot be pickled, copied or turned "
+                        "into bytes: save it with v.save(directory) (collective)")
     _variable_manifest(variable)          # fail on an unsaveable config first
     buf = io.BytesIO()
     with variable._lock.read():

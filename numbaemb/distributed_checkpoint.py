@@ -62,8 +62,6 @@ def _sha256_file(path):
 
 def _check_dir(path):
     path = _checks.as_path(path)
-    if not isinstance(path, str):
-        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
     path = os.path.abspath(path)
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"checkpoint path {path!r} is a file; a distributed table saves "

@@ -121,7 +121,7 @@ def test_limits_travel_and_split_tables_refuse():
     with pytest.raises(ValueError, match="key"):
         w.find_or_insert(np.array([9]))
     v.comm = object()                        # what a table split across ranks has
-    for copier in (pickle.dumps, copy.copy):
+    for copier in (pickle.dumps, copy.copy, checkpoint.to_bytes):
         with pytest.raises(TypeError, match="split across MPI ranks cannot be pickled"):
             copier(v)
     with pytest.raises((AttributeError, TypeError, pickle.PicklingError), match="lambda"):
