@@ -188,8 +188,7 @@ class DistributedVariable(Variable):
     def __repr__(self):
         return (f"DistributedVariable(name={self.name!r}, dim={self.dim}, rank={self.rank}, "
                 f"world_size={self.world_size}, local_size={self.local_size()}, "
-                f"num_shards={self.num_shards}, key_dtype={self.key_dtype}, "
-                f"value_dtype={self.value_dtype})")
+                f"num_shards={self.num_shards}{self._settings()})")
 
     # ---- the exchange ------------------------------------------------------------------
     def _what(self, op):

@@ -515,8 +515,22 @@ class Variable:
 
     def __repr__(self):
         return (f"Variable(name={self.name!r}, dim={self.dim}, size={self.size()}, "
-                f"num_shards={self.num_shards}, key_dtype={self.key_dtype}, "
-                f"value_dtype={self.value_dtype})")
+                f"num_shards={self.num_shards}{self._settings()})")
+
+    def _settings(self):
+        """``, key_dtype=..., value_dtype=...`` and the settings that are not defaults."""
+        key = "string" if self.key_dtype == np.dtype(object) else self.key_dtype
+        out = f", key_dtype={key}, value_dtype={self.value_dtype}"
+        if self.device != "cpu":
+            out += f", device={self.device!r}"
+        if self.max_capacity is not None:
+            out += f", max_capacity={self.max_capacity}, evict={self.evict!r}"
+            out += f", evict_window={self.evict_window}" if self.evict_window != 32 else ""
+        if self.admit is not None:
+            out += f", admit={self.admit!r}"
+        if self.steps_to_live is not None:
+            out += f", steps_to_live={self.steps_to_live}"
+        return out
 
     # ---- native checkpoint -----------------------------------------------------------
     def save(self, path):

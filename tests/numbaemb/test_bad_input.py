@@ -414,6 +414,16 @@ def test_find_or_insert_into_out_is_the_call_without_it(kind):
         assert b.size() == size
 
 
+def test_repr_shows_the_settings_that_are_not_defaults():
+    assert repr(ne.Variable(2, name="r")) == ("Variable(name='r', dim=2, size=0, num_shards=1, "
+                                             "key_dtype=int64, value_dtype=float32)")
+    text = repr(ne.Variable(2, key_dtype="string", max_capacity=9, evict="lfu", evict_window=4,
+                            admit=ne.admission.CounterFilter(min_count=3), steps_to_live=5))
+    for part in ("key_dtype=string", "max_capacity=9, evict='lfu', evict_window=4",
+                 "admit=CounterFilter(min_count=3", "steps_to_live=5"):
+        assert part in text, text
+
+
 # ---- get_variable ---------------------------------------------------------------------------
 
 def fresh_name():
