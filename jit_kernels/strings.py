@@ -56,9 +56,13 @@ def _encoded(items):
     bad = sorted(k.__name__ for k in kinds if not issubclass(k, (bytes, str)))
     if bad:
         raise TypeError(f"strings must be bytes or str, got {', '.join(bad)}")
-    if kinds == {str}:
-        return list(map(str.encode, items))
-    return [s.encode() if isinstance(s, str) else s for s in items]   # mixed: rare
+    try:
+        if kinds == {str}:
+            return list(map(str.encode, items))
+        return [s.encode() if isinstance(s, str) else s for s in items]   # mixed: rare
+    except UnicodeEncodeError as e:     # lone surrogates: str that is no UTF-8 text
+        raise ValueError(f"strings must be bytes or str that UTF-8 can encode, got "
+                         f"{e.object!r} ({e.reason} at {e.start}); pass bytes") from None
 
 
 def _load_intrinsic(nbytes):

@@ -87,6 +87,8 @@ def as_strings(keys, name="keys"):
         buf, starts = pack(arr.reshape(-1))
     except TypeError as e:
         raise _checks.DtypeError(f"{name}: {e}") from None
+    except ValueError as e:         # a str UTF-8 cannot encode
+        raise ValueError(f"{name}: {e}") from None
     return arr.shape, buf, starts
 
 

@@ -291,6 +291,9 @@ def test_bad_string_keys_raise_dtype_errors():
         v.lookup(np.array([1.5]))
     with pytest.raises(ne.DtypeError, match="bytes or str, got int"):
         v.upsert(as_obj([b"a", 3]), np.ones((2, 2)))
+    for lone in (as_obj(["ok", "a\ud800"]), np.array(["\udfff"])):   # no UTF-8 for these
+        with pytest.raises(ValueError, match="keys: strings must be bytes or str that UTF-8"):
+            v.find_or_insert(lone)
     assert v.size() == 0 and len(v.names) == 0
     with pytest.raises(ValueError, match="string keys"):
         ne.Variable(2, key_dtype="string", comm=_FakeComm())
