@@ -23,7 +23,9 @@ The search reads ``mscore``, a copy of each slot's score beside the index (8 byt
 a slot, contiguous) that holds ``MAX`` for free slots and ``hold`` for the keys of
 the running call (:func:`find_present` marks them, :func:`restore_scores` puts their
 scores back after the call), so a window of 32 slots is four cache lines;
-``mark`` (the call's number a slot) tells a call's key from one scored ``MAX``.
+``mark`` (the call's number a slot, ``MARK`` = uint8: the caller clears the marks
+and numbers calls from 1 again after ``MARK_CALLS`` calls) tells a call's key from one
+scored ``MAX``.
 ``hold`` is ``MAX``, or, for LRU, the call's clock when it is above every score in
 the table: then the call's keys' copies already hold their scores after the call
 (LRU scores a key it finds or inserts with the clock; a fill in ranges, which keeps
@@ -43,7 +45,7 @@ table and the call, never on the threads.
 >>> import numpy as np
 >>> from jit_kernels.slots import empty_slots
 >>> slots, scores = empty_slots(8), np.zeros(4, np.int64)
->>> mscore, mark = np.full(8, MAX), np.zeros(8, np.int64)
+>>> mscore, mark = np.full(8, MAX), np.zeros(8, MARK)
 >>> keys, rows, where = np.array([5, 6, 7]), np.empty(3, np.int64), np.empty(3, np.int64)
 >>> find_present(slots, 7, keys, rows, where, mscore, mark, 1, MAX)
 >>> new, ek, er = np.empty(3, np.bool_), np.empty(3, np.int64), np.empty(3, np.int64)
@@ -71,9 +73,12 @@ from .slots import DELETED, EMPTY, first_slot, next_slot
 
 __all__ = ["find_present", "forget", "restore_scores", "sync_meta", "bounded_insert",
            "bounded_insert_ranges", "absent_count", "init_copy", "rehash_serial", "ranges_for",
-           "POLICIES", "LRU", "LFU", "EPOCH_LRU", "EPOCH_LFU", "CUSTOM", "MAX"]
+           "POLICIES", "LRU", "LFU", "EPOCH_LRU", "EPOCH_LFU", "CUSTOM", "MAX", "MARK",
+           "MARK_CALLS"]
 
 LRU, LFU, EPOCH_LRU, EPOCH_LFU, CUSTOM = 0, 1, 2, 3, 4
+MARK = np.uint8      # a slot's call mark: 1 byte a slot (the index is made for the bound)
+MARK_CALLS = 255     # calls numbered 1..255 between two clearings of the marks
 POLICIES = {"lru": LRU, "lfu": LFU, "epoch_lru": EPOCH_LRU, "epoch_lfu": EPOCH_LFU,
             "custom": CUSTOM}
 _LOW = np.int64(0xFFFFFFFF)
@@ -223,7 +228,7 @@ def find_present(slots, mask, keys, rows, where, mscore, mark, batch, hold):
             h = first_slot(keys[i + AHEAD // 2], mask)
             if slots[2 * h] == keys[i + AHEAD // 2]:
                 if hold == MAX:
-                    prefetch_write(mark, 8 * h)
+                    prefetch_write(mark, h * mark.itemsize)
                 prefetch_write(mscore, 8 * h)
         present_one(slots, mask, keys, rows, where, mscore, mark, batch, hold, i)
 
@@ -397,7 +402,7 @@ def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, hold
                 h = first_slot(keys[j], mask)
                 prefetch_write(slots, 16 * h)
                 if marks:
-                    prefetch_write(mark, 8 * h)
+                    prefetch_write(mark, h * mark.itemsize)
                 if size >= limit:
                     for off in range(8 * h, min(8 * (h + window), 8 * (mask + 1)), 64):
                         prefetch_write(mscore, off)
@@ -412,7 +417,7 @@ def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, hold
                     prefetch_write(slots, 16 * v)        # (and the run after it, which
                     prefetch_write(slots, 16 * v + 64)   # moves back when it is vacated)
                     if marks:
-                        prefetch_write(mark, 8 * v)
+                        prefetch_write(mark, v * mark.itemsize)
         if t + LEAD // 2 < b and size >= limit:
             j = idx[t + LEAD // 2]
             v = spec[(t + LEAD // 2) % F]

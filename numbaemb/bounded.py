@@ -60,7 +60,7 @@ class BoundedRows:
         # per slot: a copy of its key's score (MAX: free, or a key of the running call)
         # and the number of the last call that touched it (see jit_kernels.bounded)
         self.mscore = self._full(self.capacity, kb.MAX, np.int64)
-        self.mark = self._full(self.capacity, 0, np.int64)
+        self.mark = self._full(self.capacity, 0, kb.MARK)
 
     def _reserve_rows(self, n_new):
         super()._reserve_rows(min(n_new, max(0, self.limit - self.n_full)))
@@ -133,6 +133,9 @@ class BoundedRows:
         ev_keys, ev_rows = self._new(n, np.int64), self._new(n, np.int64)
         n_ev = 0
         step = max(1, self.capacity // 4)
+        if self._batch == kb.MARK_CALLS:        # one byte a mark: clear them, count anew
+            self.mark = self._full(self.capacity, 0, kb.MARK)
+            self._batch = 0
         self._batch += 1
         hold = self._hold(clock)
         bk.find_present(self.slots, self.mask, keys, rows, where, self.mscore, self.mark,

@@ -99,7 +99,7 @@ class Variable:
         window wider than the index is the whole index).  ``evict`` and
         ``evict_window`` need ``max_capacity``.  A bounded table's index (with the
         victim search's score copies) is allocated for ``max_capacity`` up front:
-        64-128 bytes a key (64 at a power of two); rows are made as keys arrive.
+        50-100 bytes a key (50 at a power of two); rows are made as keys arrive.
       steps_to_live: None, or keep per key the optimizer step that last updated it, so
         that :func:`numbaemb.expiry.expire` can drop the keys not updated in that many
         steps (see :mod:`numbaemb.expiry`; CPU or GPU).
@@ -636,7 +636,7 @@ def _bounds(max_capacity, evict, window, num_shards):
     max_capacity = _checks.positive_int(max_capacity, "max_capacity")
     if max_capacity > MAX_CAPACITY:
         raise ValueError(f"max_capacity must be <= 2**48 (a bounded table's index is made "
-                         f"for it up front, 64-128 bytes a key), got {max_capacity}")
+                         f"for it up front, 50-100 bytes a key), got {max_capacity}")
     if num_shards != 1:
         raise ValueError(f"a bounded table (max_capacity) has one shard (its kernels run in "
                          f"parallel within it), got num_shards={num_shards}")

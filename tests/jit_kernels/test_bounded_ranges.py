@@ -34,7 +34,7 @@ class Table:
     def __init__(self, window, policy, seed, limit=LIMIT, size=None, removed=0, cap=CAP):
         self.limit, self.size, self.fresh, self.cap = limit, 0, 0, cap
         self.slots, self.scores = empty_slots(cap), np.zeros(limit, np.int64)
-        self.mscore, self.mark = np.full(cap, kb.MAX, np.int64), np.zeros(cap, np.int64)
+        self.mscore, self.mark = np.full(cap, kb.MAX, np.int64), np.zeros(cap, kb.MARK)
         self.free = np.empty(0, np.int64)
         self.window, self.policy, self.batch = window, policy, 0
         self.hold = kb.MAX
@@ -70,6 +70,9 @@ class Table:
 
     def start(self, keys):
         n = keys.shape[0]
+        if self.batch == kb.MARK_CALLS:     # as BoundedRows: byte marks cleared, counted anew
+            self.mark[:] = 0
+            self.batch = 0
         self.batch += 1
         rows, where = np.empty(n, np.int64), np.empty(n, np.int64)
         kb.find_present(self.slots, self.cap - 1, keys, rows, where, self.mscore, self.mark,
@@ -364,7 +367,7 @@ def test_victim_is_the_first_lowest_scored_slot_of_the_window(data):
     slots = empty_slots(cap)
     full = rng.random(cap) < 0.7
     slots[1::2][full] = np.flatnonzero(full)
-    mark = rng.integers(0, 3, cap).astype(np.int64)
+    mark = rng.integers(0, 3, cap).astype(kb.MARK)
     hold = data.draw(st.sampled_from([0, 1, 2, n_values, kb.MAX]))
     for key in list(rng.integers(-2 ** 63, 2 ** 63 - 1, 20)) + [-2 ** 63, 2 ** 63 - 1, -1, 0]:
         for window in [w for w in (1, 2, 3, 7, 8, 16, 31, 32, 33, 64, 96) if w <= cap] + [cap]:

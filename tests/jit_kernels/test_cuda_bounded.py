@@ -119,7 +119,7 @@ def test_same_as_the_cpu_when_a_range_defers_past_its_list(kbc):
 def test_sync_and_forget_match_the_cpu(kbc):
     cuda = kbc.ct.cuda
     table = Table(4, kb.LFU, 3)
-    mscore, mark = np.zeros(CAP, np.int64), np.ones(CAP, np.int64)
+    mscore, mark = np.zeros(CAP, np.int64), np.ones(CAP, kb.MARK)
     kb.sync_meta(table.slots, table.scores, mscore, mark)
     d_ms, d_mark = cuda.to_device(np.zeros(CAP, np.int64)), cuda.to_device(mark * 0 + 1)
     kbc.sync_meta(cuda.to_device(table.slots), cuda.to_device(table.scores), d_ms, d_mark)

@@ -436,3 +436,31 @@ def test_a_fill_in_ranges_holds_what_the_serial_pass_holds(monkeypatch, policy):
     last = rng.integers(-2**40, 2**40, 500)                  # fills it: the serial pass
     tables[1].find_or_insert(last)
     assert len(wide) == 3 and tables[1].size() == 1000
+
+
+def test_call_marks_wrap_without_changing_a_result(monkeypatch):
+    """Marks are one byte: every ``MARK_CALLS`` calls they are cleared and calls are
+    numbered from 1 again.  A table that wraps every 3 calls holds and evicts exactly
+    what one that never wraps does.  Marks tell a call's own keys from keys scored
+    ``MAX`` (custom scores here), which a stale mark would shield from eviction."""
+    from jit_kernels import bounded as kb
+
+    def run(wrap):
+        monkeypatch.setattr(kb, "MARK_CALLS", wrap)
+        v = ne.Variable(2, max_capacity=24, evict="custom", evict_window=4)
+        rng = np.random.default_rng(11)
+        got = []
+        for _ in range(40):
+            keys = np.concatenate([rng.integers(0, 50, 10), [INT64_MIN, INT64_MAX, -1, 0]])
+            scores = np.where(rng.random(keys.size) < 0.95, INT64_MAX, rng.integers(0, 9, 14))
+            out, exists, ev_keys, _ = v.find_or_insert(keys, return_exists=True,
+                                                       return_evicted=True, scores=scores)
+            got += [out, exists, np.sort(ev_keys)]
+        return got, v.export("score")
+
+    default = kb.MARK_CALLS
+    calls, scores = run(3)
+    want_calls, want_scores = run(default)
+    assert sum(c.size for c in want_calls[2::3]) > 10          # evictions happened
+    for a, b in zip(calls + list(scores), want_calls + list(want_scores)):
+        np.testing.assert_array_equal(a, b)
