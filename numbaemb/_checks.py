@@ -1,4 +1,6 @@
 """Input validation: every public call checks its arguments here before touching a table."""
+import os
+
 import numpy as np
 
 KEY_DTYPES = (np.dtype(np.int64), np.dtype(np.int32))
@@ -106,7 +108,6 @@ def _names(dtypes):
 
 def as_path(path, name="path") -> str:
     """``path`` (str, bytes or os.PathLike) as a str; a TypeError naming ``name`` else."""
-    import os
     try:
         path = os.fspath(path)
     except TypeError:

@@ -133,7 +133,7 @@ class BoundedRows:
         ev_keys, ev_rows = self._new(n, np.int64), self._new(n, np.int64)
         n_ev = 0
         step = max(1, self.capacity // 4)
-        if self._batch == kb.MARK_CALLS:        # one byte a mark: clear them, count anew
+        if self._batch >= kb.MARK_CALLS:        # one byte a mark: clear them, count anew
             self.mark = self._full(self.capacity, 0, kb.MARK)
             self._batch = 0
         self._batch += 1
