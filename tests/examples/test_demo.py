@@ -1,20 +1,14 @@
 """examples/demo.py (the tour of the table, numbaemb only), run small: each step must
 show what it says (training moves the rows, the bound holds and evicts, the filter
 holds ids back, expiry removes, the reload is the same table)."""
-import importlib.util
-import pathlib
-
 import pytest
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "demo.py"
+from tests.examples import load_example
 
 
 @pytest.fixture(scope="module")
 def demo():
-    spec = importlib.util.spec_from_file_location("demo_example", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("demo")
 
 
 def test_small_tour_does_what_it_prints(demo, capsys):

@@ -1,15 +1,12 @@
 """examples/train_ctr.py (the README's first command), run tiny: it must learn, keep the
 table sizes honest, restore a checkpoint exactly and serve the same scores from a fresh
 TensorFlow-only process."""
-import importlib.util
-import pathlib
-
 import numpy as np
 import pytest
 
-pytest.importorskip("tensorflow")
+from tests.examples import load_example
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "train_ctr.py"
+pytest.importorskip("tensorflow")
 
 TINY = ["--rows", "4000", "--epochs", "1", "--vocab", "1000", "--batch-size", "64",
         "--learning-rate", "0.02"]
@@ -17,10 +14,7 @@ TINY = ["--rows", "4000", "--epochs", "1", "--vocab", "1000", "--batch-size", "6
 
 @pytest.fixture(scope="module")
 def example():
-    spec = importlib.util.spec_from_file_location("train_ctr_example", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("train_ctr")
 
 
 def test_tiny_run_learns_restores_and_serves(example, tmp_path, capsys):
