@@ -61,6 +61,10 @@ class CounterFilter:
         self.capacity = _checks.positive_int(capacity, "capacity")
         self.counts = Variable(1, value_dtype=np.int32, max_capacity=self.capacity)
 
+    def nbytes(self):
+        """Bytes of its state: the counts' bounded table."""
+        return self.counts.nbytes()
+
     def count(self, keys):
         """Count this call for every distinct id of ``keys`` (int64, (n,), none admitted
         yet); returns each position's count so far, this call included (int64, (n,))."""
@@ -117,6 +121,10 @@ class BloomFilter:
         self.k = max(1, int(round(m / self.capacity * math.log(2))))
         self.counters = np.zeros(m, np.uint8)
 
+    def nbytes(self):
+        """Bytes of its state: the counters."""
+        return self.counters.nbytes
+
     def count(self, keys):
         """As :meth:`CounterFilter.count` (upper bounds, saturating at 255)."""
         uniq, inverse = unique_inverse(keys)
@@ -159,6 +167,10 @@ class RandomFilter:
         if self.seed >= 1 << 64:
             raise ValueError(f"seed must be < 2**64 (it salts 64-bit hashes), got {seed}")
         self.clock = 0          # calls that brought absent ids so far
+
+    def nbytes(self):
+        """Bytes of its state: its seed and clock."""
+        return 16
 
     def count(self, keys):
         """1 where ``keys`` (int64 (n,), none admitted yet) win this call's coin, else

@@ -62,6 +62,10 @@ class BoundedRows:
         self.mscore = self._full(self.capacity, kb.MAX, np.int64)
         self.mark = self._full(self.capacity, 0, kb.MARK)
 
+    def nbytes(self):
+        """Bytes held: the shard's, and the score copies and call marks beside the index."""
+        return super().nbytes() + self.mscore.nbytes + self.mark.nbytes
+
     def _reserve_rows(self, n_new):
         super()._reserve_rows(min(n_new, max(0, self.limit - self.n_full)))
 

@@ -319,6 +319,27 @@ class Variable:
             raise ValueError(f"index must be in [0, {self.num_shards}), got {index}")
         return self.shards[index].size
 
+    def nbytes(self) -> int:
+        """Bytes the table holds, in host or device memory: every shard's index, columns
+        (values, optimizer slots, scores) and free rows as allocated (columns grow
+        ahead of the keys), a bounded table's score copies and call marks, a string
+        table's names and an admission filter's state.  On a table split across MPI
+        ranks, this rank's part (not collective).
+
+        >>> import numpy as np, numbaemb as ne
+        >>> v = ne.Variable(dim=4); v.find_or_insert(np.arange(1000)).shape
+        (1000, 4)
+        >>> v.nbytes() >= 1000 * (8 + 4 * 4)
+        True
+        """
+        with self._lock.read():
+            n = sum(int(shard.nbytes()) for shard in self.shards)
+        names = getattr(self, "names", None)            # a string table's
+        if names is not None:
+            n += int(names.nbytes)
+        filter_bytes = getattr(self.admit, "nbytes", None)
+        return n + (int(filter_bytes()) if filter_bytes is not None else 0)
+
     def export(self, column="values"):
         """All keys (key dtype, shape (n,)) and their rows (shape (n, dim)), shard by shard.
 
