@@ -147,6 +147,8 @@ class BoundedRows:
         if present is not None:
             self._present(rows, present)
         part = (lambda a, lo, hi: a) if n <= step else (lambda a, lo, hi: a[lo:hi])
+        window = min(self.window, self.capacity)    # (wider: the same slots again)
+        ranges = kb.ranges_for(self.capacity, window)   # (the index keeps its size)
         for lo in range(0, n, step):        # (one chunk: no slices, ~25 us each on a GPU)
             k = part(keys, lo, lo + step)
             if self.n_full + self.n_deleted + k.shape[0] > 0.75 * self.capacity:
@@ -160,8 +162,6 @@ class BoundedRows:
             call = (self.slots, self.mask, k, part(given, lo, lo + step), self._scores(),
                     self.mscore, self.mark, self._batch, hold, r, part(where, lo, lo + step),
                     part(inserted, lo, lo + step))
-            window = min(self.window, self.capacity)    # (wider: the same slots again)
-            ranges = kb.ranges_for(self.capacity, window)
             wide = k.shape[0] >= kb.RANGES_MIN and ranges > 1
             if wide and self.n_full < self.limit:    # a fill: the call cannot fill the table
                 wide = self.n_full + bk.absent_count(r) <= self.limit
@@ -217,7 +217,7 @@ class BoundedRows:
 class BoundedShard(BoundedRows, Shard):
     """A :class:`numbaemb.shard.Shard` that never holds more than ``limit`` keys."""
 
-    def __init__(self, dim, dtype, init, limit, policy="lru", window=32, init_size=0):
+    def __init__(self, dim, dtype, init, limit, policy, window, init_size=0):
         self._bounds(limit, policy, window)
         super().__init__(dim, dtype, init, min(int(init_size), self.limit))
         self.add_column(SCORE, 1, np.int64, (ZEROS, 0.0, 0.0, 0, np.zeros(1)))

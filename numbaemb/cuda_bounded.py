@@ -35,7 +35,7 @@ class CudaBoundedShard(BoundedRows, CudaShard):
     _bk = kbc
     _device_columns = (SCORE,)     # hybrid storage: the scores stay beside the index
 
-    def __init__(self, dim, dtype, init, limit, policy="lru", window=32, init_size=0,
+    def __init__(self, dim, dtype, init, limit, policy, window, init_size=0,
                  device=0, max_hbm_bytes=None):
         self._bounds(limit, policy, window)
         super().__init__(dim, dtype, init, min(int(init_size), self.limit), device,

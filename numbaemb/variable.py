@@ -54,6 +54,10 @@ def sequential_exists(keys, found):
     return ~(new_key[inv] & first)
 
 
+EVICT_WINDOW = 32           # index slots a new key of a full bounded table looks at
+MAX_CAPACITY = 1 << 48      # the largest bound (its index is allocated up front)
+
+
 class Variable:
     """A sharded hash table ``key -> row of dim values``, grown as keys arrive.
 
@@ -137,7 +141,7 @@ class Variable:
     def __init__(self, dim, *, key_dtype=np.int64, value_dtype=np.float32, num_shards=1,
                  partitioner=None, name=None, initializer=None, init_size=0, seed=None,
                  device="cpu", max_hbm_bytes=None, comm=None, max_capacity=None,
-                 evict="lru", evict_window=32, admit=None, steps_to_live=None):
+                 evict="lru", evict_window=EVICT_WINDOW, admit=None, steps_to_live=None):
         self.dim = _checks.positive_int(dim, "dim")
         self.key_dtype = _checks.key_dtype(key_dtype)
         self.value_dtype = _checks.value_dtype(value_dtype)
@@ -434,7 +438,7 @@ class Variable:
             scores=None if scores is None else np.asarray(scores).reshape(-1)[ok])
         rest = a.host(self.lookup(flat[~ok]))
         if self.device != "cpu":     # (out was made for the device: rows meet on the host)
-            out = np.empty((flat.shape[0], self.dim), rest.dtype)
+            out = np.empty((flat.shape[0], self.dim), self._store)
         out = self._shown(out)
         out[ok], out[~ok] = a.host(sub[0]), rest
         exists = np.zeros(flat.shape[0], np.bool_)
@@ -546,7 +550,8 @@ class Variable:
             out += f", device={self.device!r}"
         if self.max_capacity is not None:
             out += f", max_capacity={self.max_capacity}, evict={self.evict!r}"
-            out += f", evict_window={self.evict_window}" if self.evict_window != 32 else ""
+            if self.evict_window != EVICT_WINDOW:
+                out += f", evict_window={self.evict_window}"
         if self.admit is not None:
             out += f", admit={self.admit!r}"
         if self.steps_to_live is not None:
@@ -640,9 +645,6 @@ def get_variable(name, dim, **kwargs) -> Variable:
     return old
 
 
-MAX_CAPACITY = 1 << 48
-
-
 def _bounds(max_capacity, evict, window, num_shards):
     """Checked ``(max_capacity, evict, window)`` of a bounded table (None, ... if not)."""
     from .bounded import POLICIES
@@ -650,7 +652,7 @@ def _bounds(max_capacity, evict, window, num_shards):
         raise ValueError(f"evict must be one of {list(POLICIES)}, got {evict!r}")
     window = _checks.positive_int(window, "evict_window")
     if max_capacity is None:
-        if evict != "lru" or window != 32:
+        if evict != "lru" or window != EVICT_WINDOW:
             raise ValueError(f"evict={evict!r} and evict_window={window} need max_capacity "
                              f"(a table without max_capacity grows and never evicts)")
         return None, evict, window
