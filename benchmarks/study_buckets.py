@@ -1,0 +1,353 @@
+"""Layout study for issue 17: evicting inserts into a bucketed index (HierarchicalKV's).
+
+This script studies a layout. It is not the table. Today a bounded table keeps
+its keys in the linear-probing index that every kernel of a shard shares
+(``jit_kernels.slots``). A full table's new key searches a 32-slot window from
+its home slot, evicts the lowest score there and moves the victim's run back.
+This script measures, in one process, what the same evicting inserts cost when
+the index is cut into aligned buckets of 32 slots:
+
+* a key lives only in its home bucket;
+* a bucket keeps one byte of digest a slot (0: free), the slots' keys and rows,
+  and their scores;
+* a new key in a full table takes the lowest-scored slot of its bucket, so no
+  key ever moves.
+
+Both layouts have the same index memory: 2 * capacity slots, load 0.5 when
+full. Only LRU calls into a full table are modelled: the call's clock is above
+every score, so holding a key is scoring it with the clock.
+
+A call is two kernels:
+
+* :func:`present`: the call's present keys, scored with the clock so that no
+  earlier position of the call evicts them;
+* :func:`evict_insert`: each thread owns a stretch of buckets and walks the
+  batch in order. It requests each key's digest and score lines ``AHEAD``
+  positions on, and, with ``foresee``, the victim's key and row lines ``AHEAD
+  // 2`` positions on.
+
+The estimated bounded call is these kernels plus the floor (initial values into
+the victims' rows and the rows copied out, measured as in ``bench_bounded.py``).
+It leaves out Python's share of a call and the eviction report. ``--check`` first
+compares the kernels with a dict-of-buckets oracle, key for key.
+
+    python benchmarks/study_buckets.py             # 1M keys, batches of 100k
+    python benchmarks/study_buckets.py --check     # the oracle check only
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+from numba import get_num_threads, njit, prange
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from jit_kernels.cpu_table import prefetch_read, prefetch_write   # noqa: E402
+from jit_kernels.hashing import hash_key                          # noqa: E402
+from jit_kernels.lanes import low32                               # noqa: E402
+
+B = 32                    # slots a bucket (low32 reads 32 scores)
+AHEAD = 8
+MAX = np.int64(np.iinfo(np.int64).max)
+
+
+@njit(inline="always")
+def _split(key, nbm):
+    """(bucket, digest in 1..255) of ``key``."""
+    h = hash_key(key)
+    return np.int64(h & np.uint64(nbm)), np.uint8((h >> np.uint64(56)) | np.uint64(1))
+
+
+@njit(inline="always")
+def _match(dig, bkey, o, d, key):
+    """Slot of ``key`` in the bucket at ``o``, or -1: a mask of the digests equal to
+    ``d`` (no branch), then the keys of those slots."""
+    m = np.uint32(0)
+    for j in range(B):
+        m |= np.uint32(dig[o + j] == d) << np.uint32(j)
+    while m != 0:
+        j = 0
+        while (m >> np.uint32(j)) & np.uint32(1) == 0:
+            j += 1
+        if bkey[o + j] == key:
+            return j
+        m &= m - np.uint32(1)
+    return -1
+
+
+@njit(nogil=True)
+def fill(dig, bkey, brow, bscore, scores, keys, nbm, clock, size):
+    """Insert ``keys`` serially into free slots (a table that is not full); a key
+    whose bucket is full is dropped.  Returns the size after."""
+    for i in range(keys.shape[0]):
+        b, d = _split(keys[i], nbm)
+        o = b * B
+        if _match(dig, bkey, o, d, keys[i]) >= 0:
+            continue
+        for j in range(B):
+            if dig[o + j] == 0:
+                dig[o + j], bkey[o + j], brow[o + j] = d, keys[i], size
+                bscore[o + j] = scores[size] = clock
+                size += 1
+                break
+    return size
+
+
+@njit(nogil=True, parallel=True)
+def present(dig, bkey, brow, bscore, keys, nbm, clock, bk):
+    """The call's present keys scored with ``clock``; ``bk[i]`` = bucket of keys[i]."""
+    n = keys.shape[0]
+    for i in prange(n):
+        if i + AHEAD < n:
+            prefetch_read(dig, _split(keys[i + AHEAD], nbm)[0] * B)
+        b, d = _split(keys[i], nbm)
+        bk[i] = b
+        j = _match(dig, bkey, b * B, d, keys[i])
+        if j >= 0:
+            bscore[b * B + j] = clock
+
+
+@njit(nogil=True, parallel=True)
+def find(dig, bkey, brow, keys, nbm, rows):
+    """rows[i] = row of keys[i], or -1 (a lookup's index work)."""
+    n = keys.shape[0]
+    for i in prange(n):
+        if i + AHEAD < n:
+            prefetch_read(dig, _split(keys[i + AHEAD], nbm)[0] * B)
+        b, d = _split(keys[i], nbm)
+        j = _match(dig, bkey, b * B, d, keys[i])
+        rows[i] = brow[b * B + j] if j >= 0 else -1
+
+
+@njit(nogil=True, parallel=True)
+def evict_insert(dig, bkey, brow, bscore, scores, keys, nbm, clock, bk, own, rows, ek, er,
+                 foresee):
+    """Full table, LRU at ``clock``: rows[i] = row of keys[i] (-1: not admitted, its
+    bucket holds only this call's keys); a new key takes its bucket's lowest-scored slot
+    (first on ties) and ``(ek[i], er[i])`` is the key and row it evicted (er[i] -1:
+    none).  ``bk`` from :func:`present`; ``own`` (threads, n) work space."""
+    n, nt, nb = keys.shape[0], get_num_threads(), nbm + 1
+    for t in prange(nt):
+        lo, hi = nb * t // nt, nb * (t + 1) // nt
+        mine = own[t]
+        m = 0
+        for i in range(n):
+            if bk[i] >= lo and bk[i] < hi:
+                mine[m] = i
+                m += 1
+        for q in range(m):
+            if q + AHEAD < m:
+                o2 = bk[mine[q + AHEAD]] * B
+                prefetch_read(dig, o2)
+                for c in range(0, B * 8, 64):
+                    prefetch_write(bscore, o2 * 8 + c)
+            if foresee and q + AHEAD // 2 < m:
+                o2 = bk[mine[q + AHEAD // 2]] * B
+                j2 = low32(bscore, o2)[1]
+                prefetch_write(bkey, (o2 + j2) * 8)
+                prefetch_read(brow, (o2 + j2) * 8)
+            i = mine[q]
+            key = keys[i]
+            o = bk[i] * B
+            d = _split(key, nbm)[1]
+            er[i] = -1
+            j = _match(dig, bkey, o, d, key)
+            if j >= 0:
+                bscore[o + j] = clock
+                rows[i] = brow[o + j]
+                scores[rows[i]] = clock
+                continue
+            low, j = low32(bscore, o)
+            if low >= clock:
+                rows[i] = -1
+                continue
+            r = brow[o + j]
+            ek[i], er[i] = bkey[o + j], r
+            dig[o + j], bkey[o + j], bscore[o + j], scores[r] = d, key, clock, clock
+            rows[i] = r
+
+
+class Buckets:
+    """The study's table: ``capacity`` keys in ``2 * capacity`` slots."""
+
+    def __init__(self, capacity):
+        self.nb = max(2 * capacity // B, 1)
+        s = self.nb * B
+        self.dig, self.bkey = np.zeros(s, np.uint8), np.zeros(s, np.int64)
+        self.brow, self.bscore = np.full(s, -1, np.int64), np.full(s, MAX, np.int64)
+        self.scores = np.zeros(capacity, np.int64)
+        self.size = 0
+
+    def fill(self, keys, clock):
+        self.size = fill(self.dig, self.bkey, self.brow, self.bscore, self.scores, keys,
+                         self.nb - 1, clock, self.size)
+
+    def call(self, keys, clock, foresee=True, work=None):
+        n = keys.shape[0]
+        bk, own, rows, ek, er = work or (np.empty(n, np.int64),
+                                         np.empty((get_num_threads(), n), np.int64),
+                                         np.empty(n, np.int64), np.empty(n, np.int64),
+                                         np.empty(n, np.int64))
+        present(self.dig, self.bkey, self.brow, self.bscore, keys, self.nb - 1, clock, bk)
+        evict_insert(self.dig, self.bkey, self.brow, self.bscore, self.scores, keys,
+                     self.nb - 1, clock, bk, own, rows, ek, er, foresee)
+        return rows, ek, er
+
+
+def oracle_call(buckets, keys, clock, nb):
+    """The same call on a list of buckets, each a list of B [key, row, score] or None."""
+    where = {}
+    for b in buckets:
+        for e in b:
+            if e is not None:
+                where[e[0]] = e
+    for k in keys.tolist():
+        if k in where:
+            where[k][2] = clock
+    rows, evicted = [], []
+    for k in keys.tolist():
+        if k in where:
+            rows.append(where[k][1])
+            evicted.append(None)
+            continue
+        b = buckets[int(_split(np.int64(k), np.int64(nb - 1))[0])]
+        score = [MAX if e is None else e[2] for e in b]
+        j = int(np.argmin(score))
+        if score[j] >= clock:
+            rows.append(-1)
+            evicted.append(None)
+            continue
+        old = b[j]
+        del where[old[0]]
+        b[j] = where[k] = [k, old[1], clock]
+        rows.append(old[1])
+        evicted.append((old[0], old[1]))
+    return rows, evicted
+
+
+def check(seed=0, capacity=4096, calls=30):
+    """The kernels against :func:`oracle_call`: rows, evictions and every bucket."""
+    rng = np.random.default_rng(seed)
+    t = Buckets(capacity)
+    t.fill(rng.integers(-2 ** 63, 2 ** 63 - 1, size=capacity, dtype=np.int64), 1)
+    buckets = [[None if t.dig[b * B + j] == 0 else [int(t.bkey[b * B + j]),
+                int(t.brow[b * B + j]), 1] for j in range(B)] for b in range(t.nb)]
+    extreme = np.array([np.iinfo(np.int64).min, np.iinfo(np.int64).max, -1, 0], np.int64)
+    for c in range(calls):
+        known = t.bkey[t.dig != 0]
+        n = int(rng.integers(1, 3 * capacity // 4))
+        keys = np.concatenate([rng.integers(-2 ** 63, 2 ** 63 - 1, size=n, dtype=np.int64),
+                               rng.choice(known, n // 2), extreme])
+        keys = rng.permutation(np.concatenate([keys, keys[: n // 8]]))    # repeats
+        rows, ek, er = t.call(keys, 2 + c)
+        want_rows, want_ev = oracle_call(buckets, keys, 2 + c, t.nb)
+        assert rows.tolist() == want_rows, f"rows differ at call {c}"
+        got_ev = [None if r < 0 else (int(k), int(r)) for k, r in zip(ek, er)]
+        assert got_ev == want_ev, f"evictions differ at call {c}"
+        for b in range(t.nb):
+            for j in range(B):
+                e = buckets[b][j]
+                s = b * B + j
+                assert (t.dig[s] == 0) == (e is None), (c, b, j)
+                if e is not None:
+                    assert [t.bkey[s], t.brow[s], t.bscore[s], t.scores[e[1]]] == \
+                        [e[0], e[1], e[2], e[2]], (c, b, j)
+    return calls
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--keys", type=int, default=1 << 20, help="capacity (full tables)")
+    ap.add_argument("--batch", type=int, default=100_000)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--check", action="store_true", help="the oracle check only")
+    args = ap.parse_args()
+    print(f"oracle check: {check()} calls equal, key for key and bucket for bucket")
+    if args.check:
+        return
+    import numbaemb as ne
+    from bench_bounded import rows_floor
+    n, b = args.keys, args.batch
+    rng = np.random.default_rng(1)
+    keys = rng.permutation(np.arange(n + b * (4 * args.repeats + 6), dtype=np.int64) * 7919 + 13)
+    base, extra = keys[:n], keys[n:]
+    batches = iter(range(10 ** 6))
+
+    def new_batch():
+        i = next(batches)
+        return extra[i * b:(i + 1) * b]
+
+    plain = ne.Variable(args.dim)
+    bounded = ne.Variable(args.dim, max_capacity=n, evict="lru")
+    study = Buckets(n)
+    for lo in range(0, n, b):
+        plain.find_or_insert(base[lo:lo + b])
+        bounded.find_or_insert(base[lo:lo + b])
+    study.fill(base, 1)
+    dropped = n - study.size
+    work = (np.empty(b, np.int64), np.empty((get_num_threads(), b), np.int64),
+            np.empty(b, np.int64), np.empty(b, np.int64), np.empty(b, np.int64))
+    study.call(new_batch(), 2, True, work)
+    study.call(new_batch(), 3, False, work)
+    t = {k: [] for k in ("plain", "floor", "bounded", "foresee", "blind", "find", "bfind")}
+    clock, refused = 4, 0
+    for _ in range(args.repeats + 1):
+        k = new_batch()
+        t0 = time.perf_counter()
+        plain.find_or_insert(k)
+        t["plain"].append(time.perf_counter() - t0)
+        t["floor"].append(rows_floor(plain, k))
+        plain.remove(k)
+        k = base[rng.integers(0, n, b)]         # present keys: the index work of a lookup
+        rows = np.empty(b, np.int64)
+        t0 = time.perf_counter()
+        plain.shards[0]._kernels.find_rows(plain.shards[0].slots, plain.shards[0].mask, k, rows)
+        t["find"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        find(study.dig, study.bkey, study.brow, k, study.nb - 1, rows)
+        t["bfind"].append(time.perf_counter() - t0)
+        k = new_batch()
+        t0 = time.perf_counter()
+        bounded.find_or_insert(k)
+        t["bounded"].append(time.perf_counter() - t0)
+        for name in ("foresee", "blind"):
+            k = new_batch()
+            t0 = time.perf_counter()
+            rows, ek, er = study.call(k, clock, name == "foresee", work)
+            t[name].append(time.perf_counter() - t0)
+            clock += 1
+            refused += int((rows < 0).sum())
+            assert ((rows < 0) == (er < 0)).all()
+    ms = {k: 1e3 * statistics.median(v[1:]) for k, v in t.items()}
+    tp = ms["plain"]
+    print(f"keys {n:,} (bucketed: {dropped} dropped by full buckets at the fill); batch {b:,} "
+          f"new keys; dim {args.dim}; evict lru; numba threads {get_num_threads()}; "
+          f"load average {os.getloadavg()[0]:.1f}; median of {args.repeats}; bucketed keys not "
+          f"admitted (buckets of this call's keys only): {refused}")
+    print("| find_or_insert of new keys into a full table | ms | ratio to unbounded |")
+    print("|---|---:|---:|")
+    print(f"| unbounded table (load 0.5, no eviction) | {tp:.2f} | 1.00x |")
+    print(f"| bounded table today (linear probing, 32-slot window) | {ms['bounded']:.2f} | "
+          f"{ms['bounded'] / tp:.2f}x |")
+    for name, what in (("foresee", "victim's lines requested ahead"),
+                       ("blind", "no victim requested ahead")):
+        est = ms[name] + ms["floor"]
+        print(f"| bucketed study, {what}: index {ms[name]:.2f} + floor (estimate) | {est:.2f} | "
+              f"{est / tp:.2f}x |")
+    print(f"| floor: initial values into the rows and the rows copied out | {ms['floor']:.2f} | |")
+    print()
+    print("| index work of a lookup of present keys (rows only) | ms | ratio |")
+    print("|---|---:|---:|")
+    print(f"| linear probing (the unbounded table's `find_rows`) | {ms['find']:.2f} | 1.00x |")
+    print(f"| bucketed study (digest line, then key line, then row line) | {ms['bfind']:.2f} | "
+          f"{ms['bfind'] / ms['find']:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
