@@ -8,13 +8,14 @@ This script measures, in one process, what the same evicting inserts cost when
 the index is cut into aligned buckets of 32 slots:
 
 * a key lives only in its home bucket;
-* a bucket keeps one byte of digest a slot (0: free), the slots' keys and rows,
-  and their scores;
+* a bucket keeps one byte of digest a slot (0: free), the slots' keys and rows
+  (side by side, so one line holds both; ``--separate``: in two arrays), and their
+  scores;
 * a new key in a full table takes the lowest-scored slot of its bucket, so no
   key ever moves.
 
-Both layouts have the same index memory: 2 * capacity slots, load 0.5 when
-full. Only LRU calls into a full table are modelled: the call's clock is above
+Both layouts have the index memory of today's bounded table: a power of two of
+at least 3 * capacity / 2 slots (load 0.5 when full at 2**20 keys). Only LRU calls into a full table are modelled: the call's clock is above
 every score, so holding a key is scoring it with the clock.
 
 A call is two kernels:
@@ -28,11 +29,15 @@ A call is two kernels:
 
 The estimated bounded call is these kernels plus the floor (initial values into
 the victims' rows and the rows copied out, measured as in ``bench_bounded.py``).
-It leaves out Python's share of a call and the eviction report. ``--check`` first
-compares the kernels with a dict-of-buckets oracle, key for key.
+It leaves out Python's share of a call and the eviction report. A second table
+compares the index work of a lookup of present keys. ``--check`` first compares
+the kernels with a dict-of-buckets oracle, key for key. Last, the drifting Zipf
+stream of ``bench_bounded.py`` gives the hit rates of today's LRU and of a
+bucketed LRU (:func:`stream_hits`) beside an exact LRU cache.
 
-    python benchmarks/study_buckets.py             # 1M keys, batches of 100k
-    python benchmarks/study_buckets.py --check     # the oracle check only
+    python benchmarks/study_buckets.py              # 1M keys, batches of 100k
+    python benchmarks/study_buckets.py --stream 0   # no hit rates (the slow part)
+    python benchmarks/study_buckets.py --check      # the oracle check only
 """
 import argparse
 import os
@@ -149,8 +154,8 @@ def evict_insert(dig, bkey, brow, bscore, scores, keys, nbm, clock, bk, own, row
             if foresee and q + AHEAD // 2 < m:
                 o2 = bk[mine[q + AHEAD // 2]] * B
                 j2 = low32(bscore, o2)[1]
-                prefetch_write(bkey, (o2 + j2) * 8)
-                prefetch_read(brow, (o2 + j2) * 8)
+                prefetch_write(bkey, (o2 + j2) * bkey.strides[0])
+                prefetch_read(brow, (o2 + j2) * brow.strides[0])
             i = mine[q]
             key = keys[i]
             o = bk[i] * B
@@ -172,14 +177,63 @@ def evict_insert(dig, bkey, brow, bscore, scores, keys, nbm, clock, bk, own, row
             rows[i] = r
 
 
-class Buckets:
-    """The study's table: ``capacity`` keys in ``2 * capacity`` slots."""
+@njit(nogil=True)
+def stream_hits(stream, nb, capacity, batch):
+    """Share of ``stream``'s ids already in a bucketed LRU table of ``capacity`` keys
+    (``nb`` buckets) when their batch arrives, run serially: a new id takes a free slot
+    of its bucket while the table has room, else its bucket's least recent key that is
+    not of its batch (none: not admitted)."""
+    dig, bkey = np.zeros(nb * B, np.uint8), np.zeros(nb * B, np.int64)
+    bscore = np.full(nb * B, MAX, np.int64)
+    size, hits, clock = 0, 0, 0
+    for lo in range(0, stream.shape[0], batch):
+        hi, clock = min(lo + batch, stream.shape[0]), clock + 1
+        for i in range(lo, hi):             # hits, and the batch's present ids held
+            b, d = _split(stream[i], nb - 1)
+            j = _match(dig, bkey, b * B, d, stream[i])
+            if j >= 0:
+                hits += 1
+                bscore[b * B + j] = clock
+        for i in range(lo, hi):
+            b, d = _split(stream[i], nb - 1)
+            o = b * B
+            if _match(dig, bkey, o, d, stream[i]) >= 0:
+                continue
+            j = -1
+            if size < capacity:
+                for f in range(B):
+                    if dig[o + f] == 0:
+                        j = f
+                        size += 1
+                        break
+            if j < 0:
+                low, j = low32(bscore, o)
+                if low >= clock:
+                    continue
+            dig[o + j], bkey[o + j], bscore[o + j] = d, stream[i], clock
+    return hits / stream.shape[0]
 
-    def __init__(self, capacity):
-        self.nb = max(2 * capacity // B, 1)
+
+def buckets_for(capacity):
+    """Buckets of the index today's bounded table makes for ``capacity`` keys."""
+    from numbaemb.shard import _index_capacity
+    return max(_index_capacity(1.5 * capacity) // B, 1)
+
+
+class Buckets:
+    """The study's table: ``capacity`` keys in the index memory of today's bounded
+    table (2 * capacity slots at a power of two)."""
+
+    def __init__(self, capacity, interleave=True):
+        self.nb = buckets_for(capacity)
         s = self.nb * B
-        self.dig, self.bkey = np.zeros(s, np.uint8), np.zeros(s, np.int64)
-        self.brow, self.bscore = np.full(s, -1, np.int64), np.full(s, MAX, np.int64)
+        self.dig, self.bscore = np.zeros(s, np.uint8), np.full(s, MAX, np.int64)
+        if interleave:          # a slot's key and row side by side: one line for both
+            pairs = np.zeros((s, 2), np.int64)
+            pairs[:, 1] = -1
+            self.bkey, self.brow = pairs[:, 0], pairs[:, 1]
+        else:
+            self.bkey, self.brow = np.zeros(s, np.int64), np.full(s, -1, np.int64)
         self.scores = np.zeros(capacity, np.int64)
         self.size = 0
 
@@ -230,10 +284,10 @@ def oracle_call(buckets, keys, clock, nb):
     return rows, evicted
 
 
-def check(seed=0, capacity=4096, calls=30):
+def check(seed=0, capacity=4096, calls=30, interleave=True):
     """The kernels against :func:`oracle_call`: rows, evictions and every bucket."""
     rng = np.random.default_rng(seed)
-    t = Buckets(capacity)
+    t = Buckets(capacity, interleave)
     t.fill(rng.integers(-2 ** 63, 2 ** 63 - 1, size=capacity, dtype=np.int64), 1)
     buckets = [[None if t.dig[b * B + j] == 0 else [int(t.bkey[b * B + j]),
                 int(t.brow[b * B + j]), 1] for j in range(B)] for b in range(t.nb)]
@@ -267,8 +321,14 @@ def main():
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--check", action="store_true", help="the oracle check only")
+    ap.add_argument("--separate", action="store_true",
+                    help="keys and rows in two arrays (default: side by side, a line for both)")
+    ap.add_argument("--stream", type=int, default=2_000_000, help="ids in the hit-rate test "
+                    "(bench_bounded.py's drifting Zipf stream; 0: none)")
+    ap.add_argument("--capacity", type=int, default=50_000, help="table size, hit-rate test")
     args = ap.parse_args()
-    print(f"oracle check: {check()} calls equal, key for key and bucket for bucket")
+    print(f"oracle check: {check(interleave=not args.separate)} calls equal, key for key and "
+          "bucket for bucket")
     if args.check:
         return
     import numbaemb as ne
@@ -285,7 +345,7 @@ def main():
 
     plain = ne.Variable(args.dim)
     bounded = ne.Variable(args.dim, max_capacity=n, evict="lru")
-    study = Buckets(n)
+    study = Buckets(n, not args.separate)
     for lo in range(0, n, b):
         plain.find_or_insert(base[lo:lo + b])
         bounded.find_or_insert(base[lo:lo + b])
@@ -347,6 +407,25 @@ def main():
     print(f"| linear probing (the unbounded table's `find_rows`) | {ms['find']:.2f} | 1.00x |")
     print(f"| bucketed study (digest line, then key line, then row line) | {ms['bfind']:.2f} | "
           f"{ms['bfind'] / ms['find']:.2f}x |")
+    if args.stream:
+        hit_rates(args.stream, args.capacity)
+
+
+def hit_rates(n, capacity, batch=10_000, zipf=1.1, drift=500):
+    """bench_bounded.py's stream test with the bucketed LRU beside today's LRU."""
+    from bench_bounded import drifting_zipf, exact_lru_hits, table_hits
+    stream = drifting_zipf(n, batch, zipf, drift)
+    exact = exact_lru_hits(stream, capacity, batch)
+    today = table_hits(stream, capacity, batch, "lru", 32)
+    ours = stream_hits(stream, buckets_for(capacity), capacity, batch)
+    print()
+    print(f"stream: {n:,} ids, zipf({zipf}) drifting {drift} ids a batch of {batch:,}; "
+          f"capacity {capacity:,}")
+    print("| cache | hit rate | vs exact LRU |")
+    print("|---|---|---|")
+    for name, h in (("exact LRU (OrderedDict)", exact), ("today's lru, window 32", today),
+                    (f"bucketed study lru, {buckets_for(capacity)} buckets of {B}", ours)):
+        print(f"| {name} | {h:.4f} | {h / exact:.3f} |")
 
 
 if __name__ == "__main__":

@@ -20,9 +20,9 @@ def study():
     return module
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_kernels_match_the_oracle(study, seed):
-    assert study.check(seed=seed, capacity=512, calls=8) == 8
+@pytest.mark.parametrize("seed, interleave", [(0, True), (1, False)])
+def test_kernels_match_the_oracle(study, seed, interleave):
+    assert study.check(seed=seed, capacity=512, calls=8, interleave=interleave) == 8
 
 
 def test_a_full_bucket_evicts_its_lowest_score_and_keeps_this_calls_keys(study):
@@ -37,3 +37,34 @@ def test_a_full_bucket_evicts_its_lowest_score_and_keeps_this_calls_keys(study):
     rows, ek, er = t.call(np.full(40, 5000, np.int64), 101)     # repeats of one new key
     assert (rows == rows[0]).all() and (er[1:] == -1).all()
     assert int((t.dig != 0).sum()) == 16
+
+
+def test_stream_hit_rate_matches_a_bucket_lru_oracle(study):
+    rng = np.random.default_rng(5)
+    stream = (rng.zipf(1.2, 6000) + np.repeat(np.arange(60), 100) * 7).astype(np.int64)
+    stream[::97] = np.iinfo(np.int64).min
+    nb, capacity, batch = 8, 150, 100
+    buckets, where = [[None] * study.B for _ in range(nb)], {}
+    size = hits = 0
+    for clock, lo in enumerate(range(0, stream.shape[0], batch), 1):
+        ids = stream[lo:lo + batch].tolist()
+        for k in ids:
+            if k in where:
+                hits += 1
+                b, j = where[k]
+                buckets[b][j][1] = clock
+        for k in ids:
+            if k in where:
+                continue
+            b = int(study._split(np.int64(k), np.int64(nb - 1))[0])
+            if size < capacity and None in buckets[b]:
+                j, size = buckets[b].index(None), size + 1
+            else:
+                score = [study.MAX if e is None else e[1] for e in buckets[b]]
+                j = int(np.argmin(score))
+                if score[j] >= clock:
+                    continue
+                del where[buckets[b][j][0]]
+            buckets[b][j], where[k] = [k, clock], (b, j)
+    assert hits > 0 and size == capacity
+    assert study.stream_hits(stream, nb, capacity, batch) == hits / stream.shape[0]
