@@ -405,7 +405,8 @@ def main():
     print("| index work of a lookup of present keys (rows only) | ms | ratio |")
     print("|---|---:|---:|")
     print(f"| linear probing (the unbounded table's `find_rows`) | {ms['find']:.2f} | 1.00x |")
-    print(f"| bucketed study (digest line, then key line, then row line) | {ms['bfind']:.2f} | "
+    lines = "then key line, then row line" if args.separate else "then the key's line, its row in it"
+    print(f"| bucketed study (digest line, {lines}) | {ms['bfind']:.2f} | "
           f"{ms['bfind'] / ms['find']:.2f}x |")
     if args.stream:
         hit_rates(args.stream, args.capacity)
