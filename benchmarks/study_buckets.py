@@ -303,6 +303,10 @@ def check(seed=0, capacity=4096, calls=30, interleave=True):
         assert rows.tolist() == want_rows, f"rows differ at call {c}"
         got_ev = [None if r < 0 else (int(k), int(r)) for k, r in zip(ek, er)]
         assert got_ev == want_ev, f"evictions differ at call {c}"
+        held = [e for b in buckets for e in b if e is not None]
+        found = np.empty(len(held), np.int64)
+        find(t.dig, t.bkey, t.brow, np.array([e[0] for e in held], np.int64), t.nb - 1, found)
+        assert found.tolist() == [e[1] for e in held], f"a key is lost at call {c}"
         for b in range(t.nb):
             for j in range(B):
                 e = buckets[b][j]
@@ -327,8 +331,9 @@ def main():
                     "(bench_bounded.py's drifting Zipf stream; 0: none)")
     ap.add_argument("--capacity", type=int, default=50_000, help="table size, hit-rate test")
     args = ap.parse_args()
-    print(f"oracle check: {check(interleave=not args.separate)} calls equal, key for key and "
-          "bucket for bucket")
+    import study_bucket_probing as probing
+    print(f"oracle checks: {check(interleave=not args.separate)} calls of the bucketed layout "
+          f"and {probing.check()} of bucket-local probing equal, key for key and slot for slot")
     if args.check:
         return
     import numbaemb as ne
@@ -346,16 +351,20 @@ def main():
     plain = ne.Variable(args.dim)
     bounded = ne.Variable(args.dim, max_capacity=n, evict="lru")
     study = Buckets(n, not args.separate)
+    local = probing.ProbeBuckets(n)
     for lo in range(0, n, b):
         plain.find_or_insert(base[lo:lo + b])
         bounded.find_or_insert(base[lo:lo + b])
     study.fill(base, 1)
+    local.fill(base, 1)
     dropped = n - study.size
     work = (np.empty(b, np.int64), np.empty((get_num_threads(), b), np.int64),
             np.empty(b, np.int64), np.empty(b, np.int64), np.empty(b, np.int64))
     study.call(new_batch(), 2, True, work)
     study.call(new_batch(), 3, False, work)
-    t = {k: [] for k in ("plain", "floor", "bounded", "foresee", "blind", "find", "bfind")}
+    local.call(new_batch(), 2, True, work)
+    t = {k: [] for k in ("plain", "floor", "bounded", "foresee", "blind", "local", "find",
+                         "bfind", "lfind")}
     clock, refused = 4, 0
     for _ in range(args.repeats + 1):
         k = new_batch()
@@ -372,14 +381,18 @@ def main():
         t0 = time.perf_counter()
         find(study.dig, study.bkey, study.brow, k, study.nb - 1, rows)
         t["bfind"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        local.find(k, rows)
+        t["lfind"].append(time.perf_counter() - t0)
         k = new_batch()
         t0 = time.perf_counter()
         bounded.find_or_insert(k)
         t["bounded"].append(time.perf_counter() - t0)
-        for name in ("foresee", "blind"):
+        for name in ("foresee", "blind", "local"):
             k = new_batch()
             t0 = time.perf_counter()
-            rows, ek, er = study.call(k, clock, name == "foresee", work)
+            table = local if name == "local" else study
+            rows, ek, er = table.call(k, clock, name != "blind", work)
             t[name].append(time.perf_counter() - t0)
             clock += 1
             refused += int((rows < 0).sum())
@@ -395,10 +408,11 @@ def main():
     print(f"| unbounded table (load 0.5, no eviction) | {tp:.2f} | 1.00x |")
     print(f"| bounded table today (linear probing, 32-slot window) | {ms['bounded']:.2f} | "
           f"{ms['bounded'] / tp:.2f}x |")
-    for name, what in (("foresee", "victim's lines requested ahead"),
-                       ("blind", "no victim requested ahead")):
+    for name, what in (("foresee", "bucketed study, victim's lines requested ahead"),
+                       ("blind", "bucketed study, no victim requested ahead"),
+                       ("local", "bucket-local probing, victim's line requested ahead")):
         est = ms[name] + ms["floor"]
-        print(f"| bucketed study, {what}: index {ms[name]:.2f} + floor (estimate) | {est:.2f} | "
+        print(f"| {what}: index {ms[name]:.2f} + floor (estimate) | {est:.2f} | "
               f"{est / tp:.2f}x |")
     print(f"| floor: initial values into the rows and the rows copied out | {ms['floor']:.2f} | |")
     print()
@@ -408,6 +422,8 @@ def main():
     lines = "then key line, then row line" if args.separate else "then the key's line, its row in it"
     print(f"| bucketed study (digest line, {lines}) | {ms['bfind']:.2f} | "
           f"{ms['bfind'] / ms['find']:.2f}x |")
+    print(f"| bucket-local probing (from the home slot, as today) | {ms['lfind']:.2f} | "
+          f"{ms['lfind'] / ms['find']:.2f}x |")
     if args.stream:
         hit_rates(args.stream, args.capacity)
 

@@ -1,4 +1,5 @@
-"""The bucketed-index study (``benchmarks/study_buckets.py``) against its oracle.
+"""The bucketed-index studies (``benchmarks/study_buckets.py``, ``study_bucket_probing.py``)
+against their oracles.
 
 The study times a layout that issue 17 may adopt; its kernels must do what the
 oracle does, or its timings mean nothing.
@@ -9,15 +10,24 @@ import pathlib
 import numpy as np
 import pytest
 
-STUDY = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "study_buckets.py"
+BENCHMARKS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
 def study():
-    spec = importlib.util.spec_from_file_location("study_buckets", STUDY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _load("study_buckets")
+
+
+def test_bucket_local_probing_matches_its_oracle():
+    probing = _load("study_bucket_probing")
+    assert probing.check(seed=2, capacity=512, calls=8) == 8
 
 
 @pytest.mark.parametrize("seed, interleave", [(0, True), (1, False)])
