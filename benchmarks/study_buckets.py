@@ -55,6 +55,9 @@ if ROOT not in sys.path:
 from jit_kernels.cpu_table import prefetch_read, prefetch_write   # noqa: E402
 from jit_kernels.hashing import hash_key                          # noqa: E402
 from jit_kernels.lanes import low32                               # noqa: E402
+from llvmlite import ir                                           # noqa: E402
+from numba import types                                           # noqa: E402
+from numba.extending import intrinsic                             # noqa: E402
 
 B = 32                    # slots a bucket (low32 reads 32 scores)
 AHEAD = 8
@@ -68,13 +71,42 @@ def _split(key, nbm):
     return np.int64(h & np.uint64(nbm)), np.uint8((h >> np.uint64(56)) | np.uint64(1))
 
 
+@intrinsic
+def eq32(typingctx, arr, o, d):
+    """Bit j set where the uint8 ``arr[o + j] == d``, j < 32: one vector compare."""
+    sig = types.uint32(arr, o, d)
+
+    def codegen(context, builder, sig, args):
+        vt = ir.VectorType(ir.IntType(8), B)
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        at = context.cast(builder, args[1], sig.args[1], types.int64)
+        v = builder.load(builder.bitcast(builder.gep(data, [at]), vt.as_pointer()), align=1)
+        splat = builder.insert_element(ir.Constant(vt, ir.Undefined), args[2], ir.IntType(32)(0))
+        splat = builder.shuffle_vector(splat, ir.Constant(vt, ir.Undefined),
+                                       ir.Constant(ir.VectorType(ir.IntType(32), B), [0] * B))
+        return builder.bitcast(builder.icmp_unsigned("==", v, splat), ir.IntType(B))
+
+    return sig, codegen
+
+
+@njit(inline="always")
+def _key_ahead(dig, bkey, key, nbm):
+    """Request the line of ``key``'s slot, found by its digest alone (the digest line
+    was requested earlier; a second stage of the look-ahead)."""
+    b, d = _split(key, nbm)
+    m = eq32(dig, b * B, d)
+    if m != 0:
+        j = 0
+        while (m >> np.uint32(j)) & np.uint32(1) == 0:
+            j += 1
+        prefetch_read(bkey, (b * B + j) * bkey.strides[0])
+
+
 @njit(inline="always")
 def _match(dig, bkey, o, d, key):
     """Slot of ``key`` in the bucket at ``o``, or -1: a mask of the digests equal to
     ``d`` (no branch), then the keys of those slots."""
-    m = np.uint32(0)
-    for j in range(B):
-        m |= np.uint32(dig[o + j] == d) << np.uint32(j)
+    m = eq32(dig, o, d)
     while m != 0:
         j = 0
         while (m >> np.uint32(j)) & np.uint32(1) == 0:
@@ -124,6 +156,8 @@ def find(dig, bkey, brow, keys, nbm, rows):
     for i in prange(n):
         if i + AHEAD < n:
             prefetch_read(dig, _split(keys[i + AHEAD], nbm)[0] * B)
+        if i + AHEAD // 2 < n:
+            _key_ahead(dig, bkey, keys[i + AHEAD // 2], nbm)
         b, d = _split(keys[i], nbm)
         j = _match(dig, bkey, b * B, d, keys[i])
         rows[i] = brow[b * B + j] if j >= 0 else -1
