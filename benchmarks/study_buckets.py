@@ -54,10 +54,7 @@ if ROOT not in sys.path:
 
 from jit_kernels.cpu_table import prefetch_read, prefetch_write   # noqa: E402
 from jit_kernels.hashing import hash_key                          # noqa: E402
-from jit_kernels.lanes import low32                               # noqa: E402
-from llvmlite import ir                                           # noqa: E402
-from numba import types                                           # noqa: E402
-from numba.extending import intrinsic                             # noqa: E402
+from jit_kernels.lanes import eq32, low32                         # noqa: E402
 
 B = 32                    # slots a bucket (low32 reads 32 scores)
 AHEAD = 8
@@ -69,24 +66,6 @@ def _split(key, nbm):
     """(bucket, digest in 1..255) of ``key``."""
     h = hash_key(key)
     return np.int64(h & np.uint64(nbm)), np.uint8((h >> np.uint64(56)) | np.uint64(1))
-
-
-@intrinsic
-def eq32(typingctx, arr, o, d):
-    """Bit j set where the uint8 ``arr[o + j] == d``, j < 32: one vector compare."""
-    sig = types.uint32(arr, o, d)
-
-    def codegen(context, builder, sig, args):
-        vt = ir.VectorType(ir.IntType(8), B)
-        data = context.make_array(sig.args[0])(context, builder, args[0]).data
-        at = context.cast(builder, args[1], sig.args[1], types.int64)
-        v = builder.load(builder.bitcast(builder.gep(data, [at]), vt.as_pointer()), align=1)
-        splat = builder.insert_element(ir.Constant(vt, ir.Undefined), args[2], ir.IntType(32)(0))
-        splat = builder.shuffle_vector(splat, ir.Constant(vt, ir.Undefined),
-                                       ir.Constant(ir.VectorType(ir.IntType(32), B), [0] * B))
-        return builder.bitcast(builder.icmp_unsigned("==", v, splat), ir.IntType(B))
-
-    return sig, codegen
 
 
 @njit(inline="always")

@@ -2,15 +2,21 @@
 
 :func:`low32` finds the lowest of 32 int64 values and where it first occurs with a
 few vector minima and compares and no branch (the bounded table's victim search
-reads 32 scores a new key).  It is for the CPU: a body shared with CUDA takes it
-only where :func:`vectors` (a constant, False on a GPU) says so, and keeps its scalar
-code for the GPU.
+reads 32 scores a new key).  :func:`eq32` compares 32 bytes with one byte in one
+vector compare (a bucket's digests against a key's: ``benchmarks/study_buckets.py``).
+They are for the CPU: a body shared with CUDA takes them only where :func:`vectors`
+(a constant, False on a GPU) says so, and keeps its scalar code for the GPU.  Both
+read 32 consecutive items of a C-contiguous 1-D array and refuse any other.
 
 >>> import numpy as np
 >>> from numba import njit
 >>> a = np.array([9, 7, 8, 7] * 9, np.int64)
 >>> njit(lambda a, o: low32(a, o))(a, 2)        # lowest of a[2:34]: 7, first at a[3]
 (7, 1)
+>>> d = np.array([0, 5, 5, 1] * 9, np.uint8)
+>>> m = njit(lambda d, o, x: eq32(d, o, x))(d, 1, np.uint8(5))   # where d[1:33] == 5
+>>> [t for t in range(32) if m >> t & 1][:6]
+[0, 1, 4, 5, 8, 9]
 """
 from llvmlite import ir
 from numba import types
@@ -18,9 +24,16 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 LANES = 4          # int64 lanes a vector (AVX2's 256 bits; wider ones split in LLVM)
-WIDTH = 32         # values low32 reads
+WIDTH = 32         # values low32 and eq32 read
 
 _I32, _I64 = ir.IntType(32), ir.IntType(64)
+
+
+def _flat(arr, dtype):
+    """``arr`` is a 1-D C-contiguous array of ``dtype`` (the vectors read its items
+    side by side from its data pointer)."""
+    return (isinstance(arr, types.Array) and arr.dtype == dtype and arr.ndim == 1
+            and arr.layout == "C")
 
 
 def _fn(builder, name, ret, args):
@@ -56,8 +69,7 @@ def low32(typingctx, arr, o):
     """``(lowest, t)``: the lowest of the int64 ``arr[o:o + 32]`` and the first t with
     ``arr[o + t]`` equal to it.  No bounds check: the caller keeps ``o + 32`` within
     ``arr``.  CPU only: a body shared with CUDA asks :func:`vectors` first."""
-    if not (isinstance(arr, types.Array) and arr.dtype == types.int64 and arr.ndim == 1
-            and isinstance(o, types.Integer)):
+    if not (_flat(arr, types.int64) and isinstance(o, types.Integer)):
         return None
     sig = types.UniTuple(types.int64, 2)(arr, o)
 
@@ -69,6 +81,32 @@ def low32(typingctx, arr, o):
             at = context.cast(builder, args[1], sig.args[1], types.int64)
             low, first = _vector_low(builder, builder.gep(data, [at]))
         return context.make_tuple(builder, sig.return_type, [low, first])
+
+    return sig, codegen
+
+
+@intrinsic
+def eq32(typingctx, arr, o, d):
+    """A uint32 whose bit t is set where ``arr[o + t] == d`` (t < 32), for a uint8
+    ``arr``: one vector compare and no loop.  No bounds check: the caller keeps
+    ``o + 32`` within ``arr``.  CPU only, as :func:`low32`."""
+    if not (_flat(arr, types.uint8) and isinstance(o, types.Integer)
+            and isinstance(d, types.Integer)):
+        return None
+    sig = types.uint32(arr, o, d)
+
+    def codegen(context, builder, sig, args):
+        if builder.module.triple.startswith("nvptx"):   # (not reached: see low32)
+            return _I32(0)
+        vt = ir.VectorType(ir.IntType(8), WIDTH)
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        at = context.cast(builder, args[1], sig.args[1], types.int64)
+        byte = context.cast(builder, args[2], sig.args[2], types.uint8)
+        v = builder.load(builder.bitcast(builder.gep(data, [at]), vt.as_pointer()), align=1)
+        splat = builder.insert_element(ir.Constant(vt, ir.Undefined), byte, _I32(0))
+        splat = builder.shuffle_vector(splat, ir.Constant(vt, ir.Undefined),
+                                       ir.Constant(ir.VectorType(_I32, WIDTH), [0] * WIDTH))
+        return builder.bitcast(builder.icmp_unsigned("==", v, splat), ir.IntType(WIDTH))
 
     return sig, codegen
 

@@ -1,9 +1,11 @@
-"""``jit_kernels.lanes``: the vector search against numpy's argmin."""
+"""``jit_kernels.lanes``: the vector search against numpy's argmin, the vector compare
+against a loop."""
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
-from numba import njit
+from numba import errors, njit
 
-from jit_kernels.lanes import WIDTH, low32, vectors
+from jit_kernels.lanes import WIDTH, eq32, low32, vectors
 from tests.sizing import examples
 
 I64 = np.iinfo(np.int64)
@@ -45,3 +47,33 @@ def test_low32_reads_only_its_32_values():
 def test_vectors_is_true_on_the_cpu():
     """(The PTX test compiles the bounded kernels, with their vectors() False, for a GPU.)"""
     assert njit(cache=False)(lambda: vectors())() is True
+
+
+@njit(cache=False)
+def _eq(a, o, d):
+    return eq32(a, o, d)
+
+
+@given(st.data())
+@settings(max_examples=examples(200), deadline=None)
+def test_eq32_marks_every_equal_byte(data):
+    """Bit t set exactly where ``a[o + t] == d``, bytes from a few values (matches
+    common), 0 and 255 among them, at every offset."""
+    n = data.draw(st.integers(WIDTH, 3 * WIDTH))
+    pool = np.array(data.draw(st.lists(st.sampled_from([0, 1, 127, 128, 254, 255]) |
+                                       st.integers(0, 255), min_size=1, max_size=4)), np.uint8)
+    a = np.random.default_rng(data.draw(st.integers(0, 2 ** 32 - 1))).choice(pool, n)
+    d = np.uint8(data.draw(st.sampled_from(pool.tolist())))
+    for o in range(n - WIDTH + 1):
+        want = sum(1 << t for t in range(WIDTH) if a[o + t] == d)
+        assert int(_eq(a, o, d)) == want, (o, a[o:o + WIDTH], d)
+
+
+def test_vector_reads_refuse_arrays_not_side_by_side():
+    """A strided view (its items not next to each other) or another dtype is a typing
+    error, never a read of the wrong bytes."""
+    a, b = np.zeros(2 * WIDTH + 2, np.int64), np.zeros(2 * WIDTH + 2, np.uint8)
+    for fn, arg in ((_low, (a[::2], 0)), (_eq, (b[::2], 0, np.uint8(0))),
+                    (_eq, (a, 0, 0)), (_low, (b, 0))):
+        with pytest.raises(errors.TypingError):
+            fn(*arg)
