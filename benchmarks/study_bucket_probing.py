@@ -37,7 +37,7 @@ for _p in (HERE, os.path.dirname(HERE)):
 from jit_kernels.cpu_table import prefetch_read, prefetch_write   # noqa: E402
 from jit_kernels.hashing import hash_key                          # noqa: E402
 from jit_kernels.lanes import low32                               # noqa: E402
-from study_buckets import AHEAD, B, MAX, buckets_for              # noqa: E402
+from study_buckets import AHEAD, B, MAX, buckets_for, random_calls, work_space  # noqa: E402
 
 FREE = -1
 
@@ -185,12 +185,14 @@ class ProbeBuckets:
     def find(self, keys, rows):
         find_rows(self.pairs, self.mask, keys, rows)
 
+    def slot(self, s):
+        """Slot ``s``: None when free, else (key, row, score)."""
+        if self.pairs[s, 1] == FREE:
+            return None
+        return int(self.pairs[s, 0]), int(self.pairs[s, 1]), int(self.msc[s])
+
     def call(self, keys, clock, foresee=True, work=None):
-        n = keys.shape[0]
-        bk, own, rows, ek, er = work or (np.empty(n, np.int64),
-                                         np.empty((get_num_threads(), n), np.int64),
-                                         np.empty(n, np.int64), np.empty(n, np.int64),
-                                         np.empty(n, np.int64))
+        bk, own, rows, ek, er = work or work_space(keys.shape[0])
         present(self.pairs, self.msc, keys, self.mask, clock, bk)
         evict_insert(self.pairs, self.msc, self.scores, keys, self.mask, clock, bk, own, rows,
                      ek, er, foresee)
@@ -247,31 +249,9 @@ def oracle_call(slots, keys, clock, mask):
 
 
 def check(seed=0, capacity=4096, calls=30):
-    """The kernels against :func:`oracle_call`: rows, evictions and every slot."""
+    """The kernels against :func:`oracle_call` (see :func:`study_buckets.random_calls`)."""
     rng = np.random.default_rng(seed)
     t = ProbeBuckets(capacity)
     t.fill(rng.integers(-2 ** 63, 2 ** 63 - 1, size=capacity, dtype=np.int64), 1)
-    slots = [None if t.pairs[s, 1] == FREE else [int(t.pairs[s, 0]), int(t.pairs[s, 1]), 1]
-             for s in range(t.nb * B)]
-    extreme = np.array([np.iinfo(np.int64).min, np.iinfo(np.int64).max, -1, 0], np.int64)
-    for c in range(calls):
-        known = t.pairs[t.pairs[:, 1] != FREE, 0]
-        n = int(rng.integers(1, 3 * capacity // 4))
-        keys = np.concatenate([rng.integers(-2 ** 63, 2 ** 63 - 1, size=n, dtype=np.int64),
-                               rng.choice(known, n // 2), extreme])
-        keys = rng.permutation(np.concatenate([keys, keys[: n // 8]]))    # repeats
-        rows, ek, er = t.call(keys, 2 + c)
-        want_rows, want_ev = oracle_call(slots, keys, 2 + c, t.mask)
-        assert rows.tolist() == want_rows, f"rows differ at call {c}"
-        got_ev = [None if r < 0 else (int(k), int(r)) for k, r in zip(ek, er)]
-        assert got_ev == want_ev, f"evictions differ at call {c}"
-        held = [e for e in slots if e is not None]
-        found = np.empty(len(held), np.int64)
-        t.find(np.array([e[0] for e in held], np.int64), found)
-        assert found.tolist() == [e[1] for e in held], f"a key is lost at call {c}"
-        for s, e in enumerate(slots):
-            assert (t.pairs[s, 1] == FREE) == (e is None), (c, s)
-            if e is not None:
-                assert [t.pairs[s, 0], t.pairs[s, 1], t.msc[s], t.scores[e[1]]] == \
-                    [e[0], e[1], e[2], e[2]], (c, s)
-    return calls
+    return random_calls(t, lambda slots, keys, clock: oracle_call(slots, keys, clock, t.mask),
+                        capacity, calls, rng)

@@ -233,6 +233,12 @@ def buckets_for(capacity):
     return max(_index_capacity(1.5 * capacity) // B, 1)
 
 
+def work_space(n):
+    """A call's work arrays: (buckets, threads' positions, rows, evicted keys and rows)."""
+    return (np.empty(n, np.int64), np.empty((get_num_threads(), n), np.int64),
+            np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64))
+
+
 class Buckets:
     """The study's table: ``capacity`` keys in the index memory of today's bounded
     table (2 * capacity slots at a power of two)."""
@@ -254,25 +260,27 @@ class Buckets:
         self.size = fill(self.dig, self.bkey, self.brow, self.bscore, self.scores, keys,
                          self.nb - 1, clock, self.size)
 
+    def find(self, keys, rows):
+        find(self.dig, self.bkey, self.brow, keys, self.nb - 1, rows)
+
+    def slot(self, s):
+        """Slot ``s``: None when free, else (key, row, score)."""
+        if self.dig[s] == 0:
+            return None
+        return int(self.bkey[s]), int(self.brow[s]), int(self.bscore[s])
+
     def call(self, keys, clock, foresee=True, work=None):
-        n = keys.shape[0]
-        bk, own, rows, ek, er = work or (np.empty(n, np.int64),
-                                         np.empty((get_num_threads(), n), np.int64),
-                                         np.empty(n, np.int64), np.empty(n, np.int64),
-                                         np.empty(n, np.int64))
+        bk, own, rows, ek, er = work or work_space(keys.shape[0])
         present(self.dig, self.bkey, self.brow, self.bscore, keys, self.nb - 1, clock, bk)
         evict_insert(self.dig, self.bkey, self.brow, self.bscore, self.scores, keys,
                      self.nb - 1, clock, bk, own, rows, ek, er, foresee)
         return rows, ek, er
 
 
-def oracle_call(buckets, keys, clock, nb):
-    """The same call on a list of buckets, each a list of B [key, row, score] or None."""
-    where = {}
-    for b in buckets:
-        for e in b:
-            if e is not None:
-                where[e[0]] = e
+def oracle_call(slots, keys, clock, nb):
+    """The same call on a list of slots, each [key, row, score] or None (bucket b:
+    ``slots[b * B:(b + 1) * B]``)."""
+    where = {e[0]: e for e in slots if e is not None}
     for k in keys.tolist():
         if k in where:
             where[k][2] = clock
@@ -282,53 +290,56 @@ def oracle_call(buckets, keys, clock, nb):
             rows.append(where[k][1])
             evicted.append(None)
             continue
-        b = buckets[int(_split(np.int64(k), np.int64(nb - 1))[0])]
-        score = [MAX if e is None else e[2] for e in b]
+        o = B * int(_split(np.int64(k), np.int64(nb - 1))[0])
+        score = [MAX if e is None else e[2] for e in slots[o:o + B]]
         j = int(np.argmin(score))
         if score[j] >= clock:
             rows.append(-1)
             evicted.append(None)
             continue
-        old = b[j]
+        old = slots[o + j]
         del where[old[0]]
-        b[j] = where[k] = [k, old[1], clock]
+        slots[o + j] = where[k] = [k, old[1], clock]
         rows.append(old[1])
         evicted.append((old[0], old[1]))
     return rows, evicted
 
 
-def check(seed=0, capacity=4096, calls=30, interleave=True):
-    """The kernels against :func:`oracle_call`: rows, evictions and every bucket."""
-    rng = np.random.default_rng(seed)
-    t = Buckets(capacity, interleave)
-    t.fill(rng.integers(-2 ** 63, 2 ** 63 - 1, size=capacity, dtype=np.int64), 1)
-    buckets = [[None if t.dig[b * B + j] == 0 else [int(t.bkey[b * B + j]),
-                int(t.brow[b * B + j]), 1] for j in range(B)] for b in range(t.nb)]
+def random_calls(t, oracle, capacity, calls, rng):
+    """``calls`` random calls (new keys, held keys, the int64 extremes, repeats) into
+    the study table ``t`` (``call``, ``find``, ``slot``, ``scores``) and into
+    ``oracle(slots, keys, clock)`` on a list of its slots: the same rows and
+    evictions, slot for slot the same keys, rows and scores, every held key found."""
+    slots = [None if e is None else list(e) for e in map(t.slot, range(t.nb * B))]
     extreme = np.array([np.iinfo(np.int64).min, np.iinfo(np.int64).max, -1, 0], np.int64)
     for c in range(calls):
-        known = t.bkey[t.dig != 0]
+        known = np.array([e[0] for e in slots if e is not None], np.int64)
         n = int(rng.integers(1, 3 * capacity // 4))
         keys = np.concatenate([rng.integers(-2 ** 63, 2 ** 63 - 1, size=n, dtype=np.int64),
                                rng.choice(known, n // 2), extreme])
         keys = rng.permutation(np.concatenate([keys, keys[: n // 8]]))    # repeats
         rows, ek, er = t.call(keys, 2 + c)
-        want_rows, want_ev = oracle_call(buckets, keys, 2 + c, t.nb)
+        want_rows, want_ev = oracle(slots, keys, 2 + c)
         assert rows.tolist() == want_rows, f"rows differ at call {c}"
         got_ev = [None if r < 0 else (int(k), int(r)) for k, r in zip(ek, er)]
         assert got_ev == want_ev, f"evictions differ at call {c}"
-        held = [e for b in buckets for e in b if e is not None]
+        held = [e for e in slots if e is not None]
         found = np.empty(len(held), np.int64)
-        find(t.dig, t.bkey, t.brow, np.array([e[0] for e in held], np.int64), t.nb - 1, found)
+        t.find(np.array([e[0] for e in held], np.int64), found)
         assert found.tolist() == [e[1] for e in held], f"a key is lost at call {c}"
-        for b in range(t.nb):
-            for j in range(B):
-                e = buckets[b][j]
-                s = b * B + j
-                assert (t.dig[s] == 0) == (e is None), (c, b, j)
-                if e is not None:
-                    assert [t.bkey[s], t.brow[s], t.bscore[s], t.scores[e[1]]] == \
-                        [e[0], e[1], e[2], e[2]], (c, b, j)
+        for s, e in enumerate(slots):
+            assert t.slot(s) == (None if e is None else tuple(e)), (c, s)
+            assert e is None or t.scores[e[1]] == e[2], (c, s)
     return calls
+
+
+def check(seed=0, capacity=4096, calls=30, interleave=True):
+    """The kernels against :func:`oracle_call` (see :func:`random_calls`)."""
+    rng = np.random.default_rng(seed)
+    t = Buckets(capacity, interleave)
+    t.fill(rng.integers(-2 ** 63, 2 ** 63 - 1, size=capacity, dtype=np.int64), 1)
+    return random_calls(t, lambda slots, keys, clock: oracle_call(slots, keys, clock, t.nb),
+                        capacity, calls, rng)
 
 
 def main():
@@ -371,8 +382,7 @@ def main():
     study.fill(base, 1)
     local.fill(base, 1)
     dropped = n - study.size
-    work = (np.empty(b, np.int64), np.empty((get_num_threads(), b), np.int64),
-            np.empty(b, np.int64), np.empty(b, np.int64), np.empty(b, np.int64))
+    work = work_space(b)
     study.call(new_batch(), 2, True, work)
     study.call(new_batch(), 3, False, work)
     local.call(new_batch(), 2, True, work)
@@ -392,7 +402,7 @@ def main():
         plain.shards[0]._kernels.find_rows(plain.shards[0].slots, plain.shards[0].mask, k, rows)
         t["find"].append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        find(study.dig, study.bkey, study.brow, k, study.nb - 1, rows)
+        study.find(k, rows)
         t["bfind"].append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         local.find(k, rows)
