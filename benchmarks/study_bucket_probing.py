@@ -37,7 +37,8 @@ for _p in (HERE, os.path.dirname(HERE)):
 from jit_kernels.cpu_table import prefetch_read, prefetch_write   # noqa: E402
 from jit_kernels.hashing import hash_key                          # noqa: E402
 from jit_kernels.lanes import low32                               # noqa: E402
-from study_buckets import AHEAD, B, MAX, buckets_for, random_calls, work_space  # noqa: E402
+from study_buckets import (AHEAD, B, MAX, buckets_for, random_calls, stretch,  # noqa: E402
+                           work_space)
 
 FREE = -1
 
@@ -124,13 +125,8 @@ def evict_insert(pairs, msc, scores, keys, mask, clock, bk, own, rows, ek, er, f
     refusals: a bucket's victim is its lowest score, first by slot on ties)."""
     n, nt, nb = keys.shape[0], get_num_threads(), (mask + 1) // B
     for t in prange(nt):
-        lo, hi = nb * t // nt * B, nb * (t + 1) // nt * B
         mine = own[t]
-        m = 0
-        for i in range(n):
-            if bk[i] >= lo and bk[i] < hi:
-                mine[m] = i
-                m += 1
+        m = stretch(bk, n, nb * t // nt * B, nb * (t + 1) // nt * B, mine)
         for q in range(m):
             if q + AHEAD < m:
                 i2 = mine[q + AHEAD]

@@ -142,6 +142,18 @@ def find(dig, bkey, brow, keys, nbm, rows):
         rows[i] = brow[b * B + j] if j >= 0 else -1
 
 
+@njit(inline="always")
+def stretch(bk, n, lo, hi, mine):
+    """Positions ``i < n`` whose ``bk[i]`` lies in ``[lo, hi)`` into ``mine``, in batch
+    order: a thread's share of the call (its stretch of buckets).  Returns how many."""
+    m = 0
+    for i in range(n):
+        if bk[i] >= lo and bk[i] < hi:
+            mine[m] = i
+            m += 1
+    return m
+
+
 @njit(nogil=True, parallel=True)
 def evict_insert(dig, bkey, brow, bscore, scores, keys, nbm, clock, bk, own, rows, ek, er,
                  foresee):
@@ -151,13 +163,8 @@ def evict_insert(dig, bkey, brow, bscore, scores, keys, nbm, clock, bk, own, row
     none).  ``bk`` from :func:`present`; ``own`` (threads, n) work space."""
     n, nt, nb = keys.shape[0], get_num_threads(), nbm + 1
     for t in prange(nt):
-        lo, hi = nb * t // nt, nb * (t + 1) // nt
         mine = own[t]
-        m = 0
-        for i in range(n):
-            if bk[i] >= lo and bk[i] < hi:
-                mine[m] = i
-                m += 1
+        m = stretch(bk, n, nb * t // nt, nb * (t + 1) // nt, mine)
         for q in range(m):
             if q + AHEAD < m:
                 o2 = bk[mine[q + AHEAD]] * B
