@@ -69,16 +69,22 @@ def _split(key, nbm):
 
 
 @njit(inline="always")
+def _lowest_bit(m):
+    """Place of the lowest set bit of the non-zero uint32 ``m``."""
+    j = 0
+    while (m >> np.uint32(j)) & np.uint32(1) == 0:
+        j += 1
+    return j
+
+
+@njit(inline="always")
 def _key_ahead(dig, bkey, key, nbm):
     """Request the line of ``key``'s slot, found by its digest alone (the digest line
     was requested earlier; a second stage of the look-ahead)."""
     b, d = _split(key, nbm)
     m = eq32(dig, b * B, d)
     if m != 0:
-        j = 0
-        while (m >> np.uint32(j)) & np.uint32(1) == 0:
-            j += 1
-        prefetch_read(bkey, (b * B + j) * bkey.strides[0])
+        prefetch_read(bkey, (b * B + _lowest_bit(m)) * bkey.strides[0])
 
 
 @njit(inline="always")
@@ -87,9 +93,7 @@ def _match(dig, bkey, o, d, key):
     ``d`` (no branch), then the keys of those slots."""
     m = eq32(dig, o, d)
     while m != 0:
-        j = 0
-        while (m >> np.uint32(j)) & np.uint32(1) == 0:
-            j += 1
+        j = _lowest_bit(m)
         if bkey[o + j] == key:
             return j
         m &= m - np.uint32(1)
@@ -115,7 +119,7 @@ def fill(dig, bkey, brow, bscore, scores, keys, nbm, clock, size):
 
 
 @njit(nogil=True, parallel=True)
-def present(dig, bkey, brow, bscore, keys, nbm, clock, bk):
+def present(dig, bkey, bscore, keys, nbm, clock, bk):
     """The call's present keys scored with ``clock``; ``bk[i]`` = bucket of keys[i]."""
     n = keys.shape[0]
     for i in prange(n):
@@ -278,7 +282,7 @@ class Buckets:
 
     def call(self, keys, clock, foresee=True, work=None):
         bk, own, rows, ek, er = work or work_space(keys.shape[0])
-        present(self.dig, self.bkey, self.brow, self.bscore, keys, self.nb - 1, clock, bk)
+        present(self.dig, self.bkey, self.bscore, keys, self.nb - 1, clock, bk)
         evict_insert(self.dig, self.bkey, self.brow, self.bscore, self.scores, keys,
                      self.nb - 1, clock, bk, own, rows, ek, er, foresee)
         return rows, ek, er
