@@ -30,7 +30,9 @@ A call is two kernels:
 The estimated bounded call is these kernels plus the floor (initial values into
 the victims' rows and the rows copied out, measured as in ``bench_bounded.py``).
 It leaves out Python's share of a call and the eviction report. A second table
-compares the index work of a lookup of present keys. ``--check`` first compares
+compares the index work of a lookup of present keys, every kernel on all threads
+(the table's ``find_rows`` runs serially below ``PARALLEL_MIN`` keys: its parallel
+build is called). ``--check`` first compares
 the kernels with a dict-of-buckets oracle, key for key. Last, the drifting Zipf
 stream of ``bench_bounded.py`` gives the hit rates of today's LRU and of a
 bucketed LRU (:func:`stream_hits`) beside an exact LRU cache.
@@ -52,7 +54,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from jit_kernels.cpu_table import prefetch_read, prefetch_write   # noqa: E402
+from jit_kernels.cpu_table import find_rows, prefetch_read, prefetch_write  # noqa: E402
 from jit_kernels.hashing import hash_key                          # noqa: E402
 from jit_kernels.lanes import eq32, low32                         # noqa: E402
 
@@ -398,7 +400,7 @@ def main():
     study.call(new_batch(), 3, False, work)
     local.call(new_batch(), 2, True, work)
     t = {k: [] for k in ("plain", "floor", "bounded", "foresee", "blind", "local", "find",
-                         "bfind", "lfind")}
+                         "bfind", "lfind", "lookup")}
     clock, refused = 4, 0
     for _ in range(args.repeats + 1):
         k = new_batch()
@@ -410,8 +412,11 @@ def main():
         k = base[rng.integers(0, n, b)]         # present keys: the index work of a lookup
         rows = np.empty(b, np.int64)
         t0 = time.perf_counter()
-        plain.shards[0]._kernels.find_rows(plain.shards[0].slots, plain.shards[0].mask, k, rows)
+        find_rows.parallel(plain.shards[0].slots, plain.shards[0].mask, k, rows)
         t["find"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        plain.lookup(k)
+        t["lookup"].append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         study.find(k, rows)
         t["bfind"].append(time.perf_counter() - t0)
@@ -452,12 +457,15 @@ def main():
     print()
     print("| index work of a lookup of present keys (rows only) | ms | ratio |")
     print("|---|---:|---:|")
-    print(f"| linear probing (the unbounded table's `find_rows`) | {ms['find']:.2f} | 1.00x |")
+    print(f"| linear probing (the unbounded table's `find_rows`, its parallel build) | "
+          f"{ms['find']:.2f} | 1.00x |")
     lines = "then key line, then row line" if args.separate else "then the key's line, its row in it"
     print(f"| bucketed study (digest line, {lines}) | {ms['bfind']:.2f} | "
           f"{ms['bfind'] / ms['find']:.2f}x |")
     print(f"| bucket-local probing (from the home slot, as today) | {ms['lfind']:.2f} | "
           f"{ms['lfind'] / ms['find']:.2f}x |")
+    print(f"| for scale: today's whole `lookup` of those keys (rows of dim {args.dim} copied "
+          f"out) | {ms['lookup']:.2f} | |")
     if args.stream:
         hit_rates(args.stream, args.capacity)
 
