@@ -35,12 +35,11 @@ for _p in (HERE, os.path.dirname(HERE)):
         sys.path.insert(0, _p)
 
 from jit_kernels.cpu_table import prefetch_read, prefetch_write   # noqa: E402
-from jit_kernels.hashing import hash_key                          # noqa: E402
+from jit_kernels.slots import EMPTY, first_slot                   # noqa: E402
 from jit_kernels.lanes import low32                               # noqa: E402
 from study_buckets import (AHEAD, B, MAX, buckets_for, random_calls, stretch,  # noqa: E402
                            work_space)
 
-FREE = -1
 
 
 @njit(inline="always")
@@ -49,16 +48,11 @@ def _next(s):
 
 
 @njit(inline="always")
-def _home(key, mask):
-    return np.int64(hash_key(key) & np.uint64(mask))
-
-
-@njit(inline="always")
 def _find(pairs, mask, key):
     """(slot of ``key`` or -1, the first free slot of its probe or -1)."""
-    s = _home(key, mask)
+    s = first_slot(key, mask)
     for _ in range(B):
-        if pairs[s, 1] == FREE:
+        if pairs[s, 1] == EMPTY:
             return -1, s
         if pairs[s, 0] == key:
             return s, -1
@@ -70,15 +64,15 @@ def _find(pairs, mask, key):
 def _vacate(pairs, msc, v, mask):
     """Empty slot ``v``: the later keys of its run inside the bucket move back."""
     hole = v
-    pairs[hole, 1], msc[hole] = FREE, MAX
+    pairs[hole, 1], msc[hole] = EMPTY, MAX
     j = _next(hole)
     for _ in range(B - 1):
-        if pairs[j, 1] == FREE:
+        if pairs[j, 1] == EMPTY:
             return
-        h = _home(pairs[j, 0], mask)
+        h = first_slot(pairs[j, 0], mask)
         if ((hole - h) & (B - 1)) < ((j - h) & (B - 1)):
             pairs[hole, 0], pairs[hole, 1], msc[hole] = pairs[j, 0], pairs[j, 1], msc[j]
-            pairs[j, 1], msc[j] = FREE, MAX
+            pairs[j, 1], msc[j] = EMPTY, MAX
             hole = j
         j = _next(j)
 
@@ -101,8 +95,8 @@ def present(pairs, msc, keys, mask, clock, bk):
     n = keys.shape[0]
     for i in prange(n):
         if i + AHEAD < n:
-            prefetch_read(pairs, _home(keys[i + AHEAD], mask) * 16)
-        bk[i] = _home(keys[i], mask) & ~np.int64(B - 1)
+            prefetch_read(pairs, first_slot(keys[i + AHEAD], mask) * pairs.strides[0])
+        bk[i] = first_slot(keys[i], mask) & ~np.int64(B - 1)
         s = _find(pairs, mask, keys[i])[0]
         if s >= 0:
             msc[s] = clock
@@ -114,7 +108,7 @@ def find_rows(pairs, mask, keys, rows):
     n = keys.shape[0]
     for i in prange(n):
         if i + AHEAD < n:
-            prefetch_read(pairs, _home(keys[i + AHEAD], mask) * 16)
+            prefetch_read(pairs, first_slot(keys[i + AHEAD], mask) * pairs.strides[0])
         s = _find(pairs, mask, keys[i])[0]
         rows[i] = pairs[s, 1] if s >= 0 else -1
 
@@ -130,12 +124,12 @@ def evict_insert(pairs, msc, scores, keys, mask, clock, bk, own, rows, ek, er, f
         for q in range(m):
             if q + AHEAD < m:
                 i2 = mine[q + AHEAD]
-                prefetch_write(pairs, _home(keys[i2], mask) * 16)
+                prefetch_write(pairs, first_slot(keys[i2], mask) * pairs.strides[0])
                 for c in range(0, B * 8, 64):
                     prefetch_write(msc, bk[i2] * 8 + c)
             if foresee and q + AHEAD // 2 < m:
                 o2 = bk[mine[q + AHEAD // 2]]
-                prefetch_write(pairs, (o2 + low32(msc, o2)[1]) * 16)
+                prefetch_write(pairs, (o2 + low32(msc, o2)[1]) * pairs.strides[0])
             i = mine[q]
             key = keys[i]
             o = bk[i]
@@ -153,7 +147,7 @@ def evict_insert(pairs, msc, scores, keys, mask, clock, bk, own, rows, ek, er, f
             v = o + j
             r = pairs[v, 1]
             ek[i], er[i] = pairs[v, 0], r
-            h = _home(key, mask)
+            h = first_slot(key, mask)
             if e < 0 or ((v - h) & (B - 1)) < ((e - h) & (B - 1)):
                 pairs[v, 0], msc[v] = key, clock       # the victim's slot is on the way
             else:           # (placed first: the shift may run through the key's probe)
@@ -170,7 +164,7 @@ class ProbeBuckets:
         self.nb = buckets_for(capacity)
         self.mask = self.nb * B - 1
         self.pairs = np.zeros((self.nb * B, 2), np.int64)
-        self.pairs[:, 1] = FREE
+        self.pairs[:, 1] = EMPTY
         self.msc = np.full(self.nb * B, MAX, np.int64)
         self.scores = np.zeros(capacity, np.int64)
         self.size = 0
@@ -183,7 +177,7 @@ class ProbeBuckets:
 
     def slot(self, s):
         """Slot ``s``: None when free, else (key, row, score)."""
-        if self.pairs[s, 1] == FREE:
+        if self.pairs[s, 1] == EMPTY:
             return None
         return int(self.pairs[s, 0]), int(self.pairs[s, 1]), int(self.msc[s])
 
@@ -197,7 +191,7 @@ class ProbeBuckets:
 
 def oracle_call(slots, keys, clock, mask):
     """The same call on a list of slots, each [key, row, score] or None."""
-    home = [int(_home(np.int64(k), np.int64(mask))) for k in keys.tolist()]
+    home = [int(first_slot(np.int64(k), np.int64(mask))) for k in keys.tolist()]
 
     def probe(k, h):
         s = h
@@ -235,7 +229,7 @@ def oracle_call(slots, keys, clock, mask):
             slots[e] = [k, old[1], clock]
             hole, slots[v], t = v, None, _next(v)
             while slots[t] is not None:
-                ht = int(_home(np.int64(slots[t][0]), np.int64(mask)))
+                ht = int(first_slot(np.int64(slots[t][0]), np.int64(mask)))
                 if (hole - ht) % B < (t - ht) % B:
                     slots[hole], slots[t], hole = slots[t], None, t
                 t = _next(t)
