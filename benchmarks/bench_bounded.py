@@ -12,6 +12,8 @@ Prints two Markdown tables.
    unbounded table's own kernels on its rows of the batch; CPU only).  A third row
    times the bounded call with ``return_evicted=True`` (its own batches of new keys):
    the evicted keys and their values handed out as well (HKV's ``insert_and_evict``).
+   On the CPU two more rows time a bounded table with a bucketed index
+   (``evict_window="bucket"``, HierarchicalKV's layout) the same ways.
 2. Hit rates of a drifting Zipf stream (ids ``zipf(a) + drift * batch``, so the
    popular ids move) into a bounded table of ``--capacity`` keys with LRU and LFU,
    beside an exact LRU cache of the same size (an ``OrderedDict``): a hit is an id
@@ -46,14 +48,17 @@ def eviction_cost(args):
     base, extra = keys[:n], keys[n:]
     bounded = ne.Variable(dim, max_capacity=n, evict=args.evict, device=args.device)
     plain = ne.Variable(dim, device=args.device)
+    tables = [plain, bounded]
+    if args.device == "cpu":
+        tables.append(ne.Variable(dim, max_capacity=n, evict=args.evict, evict_window="bucket"))
     sync, put = (lambda: None), (lambda a: a)
     if args.device != "cpu":        # device keys in, and wait for the kernels
         from jit_kernels import cuda_table
         cuda = cuda_table.cuda_api()
         sync, put = cuda.synchronize, cuda.to_device
-    fill = [0.0, 0.0]               # (a bounded GPU table fills on one thread a call)
+    fill = [0.0] * len(tables)      # (a bounded GPU table fills on one thread a call)
     for lo in range(0, n, b):
-        for j, table in enumerate((plain, bounded)):
+        for j, table in enumerate(tables):
             k = put(base[lo:lo + b])
             t0 = time.perf_counter()
             table.find_or_insert(k)
@@ -66,6 +71,7 @@ def eviction_cost(args):
         return put(extra[i * b:(i + 1) * b])
 
     t_plain, t_bounded, t_handed, t_floor = [], [], [], []
+    t_bucket, t_bucket_handed = [], []
     for _ in range(args.repeats + 1):
         k = next_batch()
         t0 = time.perf_counter()
@@ -84,11 +90,19 @@ def eviction_cost(args):
         bounded.find_or_insert(k, return_evicted=True)     # and hands out what it evicts
         sync()
         t_handed.append(time.perf_counter() - t0)
+        for table, times, kw in ((tables[2:], t_bucket, {}),
+                                 (tables[2:], t_bucket_handed, {"return_evicted": True})):
+            for t in table:                  # (the bucketed one: CPU only)
+                k = next_batch()
+                t0 = time.perf_counter()
+                t.find_or_insert(k, **kw)
+                times.append(time.perf_counter() - t0)
     tp, tb = statistics.median(t_plain[1:]), statistics.median(t_bounded[1:])
     th = statistics.median(t_handed[1:])
     tf = statistics.median(t_floor[1:]) if t_floor else None
-    assert bounded.size() == n
-    return tp, tb, th, tf, plain.shards[0].n_full / plain.shards[0].capacity, fill
+    tk = [statistics.median(t[1:]) for t in (t_bucket, t_bucket_handed) if t]
+    assert all(t.size() == n for t in tables[1:])
+    return tp, tb, th, tf, tk, plain.shards[0].n_full / plain.shards[0].capacity, fill
 
 
 def rows_floor(plain, keys):
@@ -155,19 +169,21 @@ def main():
     ap.add_argument("--stream-batch", type=int, default=10_000)
     ap.add_argument("--zipf", type=float, default=1.1)
     ap.add_argument("--drift", type=int, default=500, help="id shift per batch")
-    ap.add_argument("--window", type=int, default=32)
+    ap.add_argument("--window", default="32", help="the stream's window: slots, or bucket")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (first table only)")
     args = ap.parse_args()
+    args.window = args.window if args.window == "bucket" else int(args.window)
     if args.quick:
         args.keys, args.batch, args.repeats = 100_000, 10_000, 3
         args.stream, args.capacity = 200_000, 5_000
     import numba
-    tp, tb, th, tf, load, fill = eviction_cost(args)
+    tp, tb, th, tf, tk, load, fill = eviction_cost(args)
     print(f"keys {args.keys:,}; batch {args.batch:,} new keys; dim {args.dim}; evict "
           f"{args.evict}; device {args.device}; numba threads {numba.get_num_threads()}; "
           f"cpus {os.cpu_count()}; load average {os.getloadavg()[0]:.1f}; filling both "
-          f"tables from empty: unbounded {fill[0]:.2f} s, bounded {fill[1]:.2f} s")
+          f"tables from empty: " + ", ".join(f"{n} {t:.2f} s" for n, t in
+                                  zip(("unbounded", "bounded", "bucketed"), fill)))
     floor = (lambda t: f"{t / tf:.2f}x") if tf else (lambda t: "")
     print("| find_or_insert of new keys | keys/s | ratio to unbounded | time vs floor | target |")
     print("|---|---|---|---|---|")
@@ -178,6 +194,12 @@ def main():
     print(f"| the same, return_evicted=True (evicted keys and values handed out, HKV's "
           f"insert_and_evict) | {args.batch / th / 1e6:.2f} M/s | {th / tp:.2f}x slower | "
           f"{floor(th)} | |")
+    if tk:
+        print(f"| bounded table, bucketed index (evict_window='bucket'), full | "
+              f"{args.batch / tk[0] / 1e6:.2f} M/s | {tk[0] / tp:.2f}x slower | {floor(tk[0])} | "
+              f"<= 1.5x: {'PASS' if tk[0] / tp <= 1.5 else 'MISS'} |")
+        print(f"| the same, return_evicted=True | {args.batch / tk[1] / 1e6:.2f} M/s | "
+              f"{tk[1] / tp:.2f}x slower | {floor(tk[1])} | |")
     if tf:
         print(f"| floor: initial values into the batch's rows and the rows copied out, no index "
               f"| {args.batch / tf / 1e6:.2f} M/s | | 1.00x | |")
@@ -192,8 +214,9 @@ def main():
     exact = exact_lru_hits(stream, args.capacity, args.stream_batch)
     print(f"| exact LRU (OrderedDict) | {exact:.4f} | 1.000 |")
     for evict in ("lru", "lfu", "epoch_lru", "epoch_lfu"):
-        h = table_hits(stream, args.capacity, args.stream_batch, evict, args.window)
-        print(f"| numbaemb {evict}, window {args.window} | {h:.4f} | {h / exact:.3f} |")
+        for window in dict.fromkeys((args.window, "bucket")):
+            h = table_hits(stream, args.capacity, args.stream_batch, evict, window)
+            print(f"| numbaemb {evict}, window {window} | {h:.4f} | {h / exact:.3f} |")
 
 
 if __name__ == "__main__":

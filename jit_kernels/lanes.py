@@ -3,7 +3,9 @@
 :func:`low32` finds the lowest of 32 int64 values and where it first occurs with a
 few vector minima and compares and no branch (the bounded table's victim search
 reads 32 scores a new key).  :func:`eq32` compares 32 bytes with one byte in one
-vector compare (a bucket's digests against a key's: ``benchmarks/study_buckets.py``).
+vector compare (a bucket's digests against a key's: ``benchmarks/study_buckets.py``);
+:func:`even_eq32` does the same for the digests of :mod:`jit_kernels.buckets`, which
+sit in every other int64 word of a line.
 They are for the CPU: a body shared with CUDA takes them only where :func:`vectors`
 (a constant, False on a GPU) says so, and keeps its scalar code for the GPU.  Both
 read 32 consecutive items of a C-contiguous 1-D array and refuse any other.
@@ -107,6 +109,42 @@ def eq32(typingctx, arr, o, d):
         splat = builder.shuffle_vector(splat, ir.Constant(vt, ir.Undefined),
                                        ir.Constant(ir.VectorType(_I32, WIDTH), [0] * WIDTH))
         return builder.bitcast(builder.icmp_unsigned("==", v, splat), ir.IntType(WIDTH))
+
+    return sig, codegen
+
+
+@intrinsic
+def even_eq32(typingctx, arr, o, d):
+    """A uint32 whose bit ``8 * g + b`` is set where byte b of the int64 word
+    ``arr[o + 2 * g]`` equals ``d`` (g < 4, b < 8: little-endian bytes), for an int64
+    ``arr``: the 32 digests of a bucket of :mod:`jit_kernels.buckets`, which sit in the
+    even words of one 64-byte line (the odd ones are free slots), in one vector compare
+    and a few shifts.  No bounds check: the caller keeps ``o + 8`` within ``arr``.  CPU
+    only, as :func:`low32`."""
+    if not (_flat(arr, types.int64) and isinstance(o, types.Integer)
+            and isinstance(d, types.Integer)):
+        return None
+    sig = types.uint32(arr, o, d)
+
+    def codegen(context, builder, sig, args):
+        if builder.module.triple.startswith("nvptx"):   # (not reached: see low32)
+            return _I32(0)
+        vt = ir.VectorType(ir.IntType(8), 2 * WIDTH)
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        at = context.cast(builder, args[1], sig.args[1], types.int64)
+        byte = context.cast(builder, args[2], sig.args[2], types.uint8)
+        v = builder.load(builder.bitcast(builder.gep(data, [at]), vt.as_pointer()), align=8)
+        splat = builder.insert_element(ir.Constant(vt, ir.Undefined), byte, _I32(0))
+        splat = builder.shuffle_vector(splat, ir.Constant(vt, ir.Undefined),
+                                       ir.Constant(ir.VectorType(_I32, 2 * WIDTH),
+                                                   [0] * (2 * WIDTH)))
+        bits = builder.bitcast(builder.icmp_unsigned("==", v, splat), _I64)
+        # keep the even words' bytes (bits 0-7, 16-23, 32-39, 48-55) and close the gaps
+        bits = builder.and_(bits, _I64(0x00FF00FF00FF00FF))
+        bits = builder.and_(builder.or_(bits, builder.lshr(bits, _I64(8))),
+                            _I64(0x0000FFFF0000FFFF))
+        bits = builder.or_(bits, builder.lshr(bits, _I64(16)))
+        return builder.trunc(bits, _I32)
 
     return sig, codegen
 

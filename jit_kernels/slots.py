@@ -54,11 +54,12 @@ def next_slot(slot, mask):
     return (slot + 1) & mask
 
 
-def empty_slots(capacity):
-    """A fresh index of ``capacity`` slots (a power of two), all EMPTY."""
+def empty_slots(capacity, empty=np.empty):
+    """A fresh index of ``capacity`` slots (a power of two), all EMPTY (``empty(n,
+    dtype)`` allocates it)."""
     if capacity < 1 or capacity & (capacity - 1):
         raise ValueError(f"capacity must be a power of two, got {capacity}")
-    slots = np.empty(2 * capacity, np.int64)
+    slots = empty(2 * capacity, np.int64)
     slots[1::2] = EMPTY
     slots[0::2] = 0
     return slots

@@ -31,8 +31,13 @@ def _bounded_manifest(variable):
     if getattr(variable, "max_capacity", None) is None:
         return out
     return {**out, "max_capacity": int(variable.max_capacity), "evict": variable.evict,
-            "evict_window": int(variable.evict_window), "clock": int(variable._clock),
+            "evict_window": _window(variable.evict_window), "clock": int(variable._clock),
             "epoch": variable._epoch, "last_step": int(variable._last_step)}
+
+
+def _window(window):
+    """An ``evict_window`` as saved: an int, or the word of a bucketed index."""
+    return window if isinstance(window, str) else int(window)
 
 
 def _write_names(zf, variable, ids):

@@ -23,8 +23,11 @@ import numpy as np
 
 from jit_kernels import bounded as kb
 from jit_kernels import bounded_accum as ka
+from jit_kernels import bucket_bounded as bb
+from jit_kernels.buckets import BUCKET, bucket_capacity, empty_buckets
 from jit_kernels.initializers import ZEROS
 
+from ._arena import index_empty
 from ._memory import kept_view
 from .shard import Shard, _index_capacity
 
@@ -32,6 +35,7 @@ __all__ = ["BoundedShard", "BoundedRows", "POLICIES"]
 
 POLICIES = tuple(kb.POLICIES)
 SCORE = "score"          # the row-aligned score column (checkpointed with the rest)
+BUCKETS = "bucket"       # evict_window of a bucketed index (jit_kernels.bucket_bounded)
 
 
 class BoundedRows:
@@ -46,17 +50,29 @@ class BoundedRows:
     def _bounds(self, limit, policy, window):
         self.limit = int(limit)
         self.policy = kb.POLICIES[policy]
-        self.window = int(window)
+        self.bucketed = window == BUCKETS     # a key's window: its bucket of 32 slots
+        self.window = BUCKET if self.bucketed else int(window)
         self._batch = 0
         self._top = -1                # no key scores above this (LRU: see _hold)
         self.last_evicted = (np.empty(0, np.int64), {})
         self.keep_evicted = False     # gather every call's evicted columns (tests, spilling)
 
+    @property
+    def capacity(self):
+        """Slots in the index (a bucketed one has its digests after them)."""
+        return bucket_capacity(self.slots) if self.bucketed else self.slots.shape[0] // 2
+
+    @property
+    def mask(self):
+        return self.capacity - 1
+
     def _reset(self):
         super()._reset()
         # a fixed index at load <= 1/2 when full: room for the tombstones of removals
-        # (evictions leave none) between rehashes
-        self.slots = self._empty_index(_index_capacity(1.5 * self.limit))
+        # (evictions leave none) between rehashes; a bucketed one has the same slots
+        cap = _index_capacity(1.5 * self.limit)
+        self.slots = empty_buckets(max(cap, BUCKET), index_empty) if self.bucketed \
+            else self._empty_index(cap)
         # per slot: a copy of its key's score (MAX: free, or a key of the running call)
         # and the number of the last call that touched it (see jit_kernels.bounded)
         self.mscore = self._full(self.capacity, kb.MAX, np.int64)
@@ -72,11 +88,26 @@ class BoundedRows:
     def _place(self, pairs, slots):
         """Keys placed serially in slot order: the same layout whatever the threads do,
         so evictions (which depend on the keys' neighbours in the index) are
-        reproducible, after a rehash or a checkpoint load, on the CPU or a GPU."""
-        self._bk.rehash_serial(pairs, slots, slots.shape[0] // 2 - 1)
+        reproducible, after a rehash or a checkpoint load, on the CPU or a GPU.  A
+        bucketed index refuses a key whose bucket is full (a checkpoint of a table with
+        another ``max_capacity``)."""
+        if not self.bucketed:
+            self._bk.rehash_serial(pairs, slots, slots.shape[0] // 2 - 1)
+            return
+        dropped = np.empty(pairs.shape[0] // 2, np.int64)
+        mscore, mark = np.empty_like(self.mscore), np.empty_like(self.mark)
+        if bb.place_all(pairs, slots, bucket_capacity(slots) - 1, self._scores(), mscore,
+                        mark, dropped):
+            raise ValueError(
+                f"a bucket of the bounded table's index (max_capacity={self.limit}) has no "
+                f"free slot for a key of the checkpoint: it was saved by a table with "
+                f"another max_capacity; load it into one with a larger max_capacity")
 
     def _rehash(self, n_keys):
-        """Clear the tombstones (the index keeps its size: it was made for ``limit``)."""
+        """Clear the tombstones (the index keeps its size: it was made for ``limit``);
+        a bucketed index has none."""
+        if self.bucketed:
+            return
         self.slots = self._rehashed(self.capacity)
         self.n_deleted = 0
         self._loaded()
@@ -130,22 +161,45 @@ class BoundedRows:
         keys, and with ``evicted`` (or ``keep_evicted``) their columns, gathered before
         their rows are reused; ``present`` (n,) bool, if given, which keys were in the
         table when the call started."""
-        bk, n, kw = self._bk, keys.shape[0], self._driver_kw()
+        bk, n = self._bk, keys.shape[0]
         rows, where = self._new(n, np.int64), self._work("where", n, np.int64)
         inserted = self._new(n, np.bool_)
         given = self._zeros(n) if scores is None else scores
         ev_keys, ev_rows = self._new(n, np.int64), self._new(n, np.int64)
-        n_ev = 0
-        step = max(1, self.capacity // 4)
         if self._batch >= kb.MARK_CALLS:        # one byte a mark: clear them, count anew
             self.mark = self._full(self.capacity, 0, kb.MARK)
             self._batch = 0
         self._batch += 1
         hold = self._hold(clock)
-        bk.find_present(self.slots, self.mask, keys, rows, where, self.mscore, self.mark,
-                        self._batch, hold)
-        if present is not None:
-            self._present(rows, present)
+        if self.bucketed:
+            n_ev = self._bucket_calls(keys, given, scores is None, epoch, clock, hold, rows,
+                                      where, inserted, present, ev_keys, ev_rows)
+        else:
+            bk.find_present(self.slots, self.mask, keys, rows, where, self.mscore,
+                            self.mark, self._batch, hold)
+            if present is not None:
+                self._present(rows, present)
+            n_ev = self._window_calls(keys, given, scores is None, epoch, clock, hold, rows,
+                                      where, inserted, ev_keys, ev_rows)
+            if hold == kb.MAX:
+                bk.restore_scores(self.slots, self.mask, keys, where, self._scores(),
+                                  self.mscore)
+        ev_keys, ev_rows = ev_keys[:n_ev], ev_rows[:n_ev]
+        # hand out the evicted keys' columns before their rows are initialised again
+        cols = {name: self._take(col.data, ev_rows) for name, col in self.columns.items()} \
+            if evicted or self.keep_evicted else {}
+        self.last_evicted = (ev_keys, cols)
+        if then is not None:
+            then(rows, inserted)
+        return rows, inserted
+
+    def _window_calls(self, keys, given, keep, epoch, clock, hold, rows, where, inserted,
+                      ev_keys, ev_rows):
+        """:meth:`_insert`'s kernels on a linear index, in chunks that keep its
+        tombstones bounded between rehashes; returns how many keys were evicted."""
+        bk, n, kw = self._bk, keys.shape[0], self._driver_kw()
+        n_ev = 0
+        step = max(1, self.capacity // 4)
         part = (lambda a, lo, hi: a) if n <= step else (lambda a, lo, hi: a[lo:hi])
         window = min(self.window, self.capacity)    # (wider: the same slots again)
         ranges = kb.ranges_for(self.capacity, window)   # (the index keeps its size)
@@ -171,30 +225,58 @@ class BoundedRows:
             if wide:                # ranges of the index on all threads
                 taken, ev, made, size = bk.bounded_insert_ranges(
                     *call, *rest, ranges, self.limit, window, self.policy, epoch,
-                    clock, scores is None, *evs, self._work("deferred", k.shape[0], np.int64),
+                    clock, keep, *evs, self._work("deferred", k.shape[0], np.int64),
                     **kw)
             else:
                 taken, ev, made, size = bk.bounded_insert(
                     *call, *rest, self.limit, window, self.policy, epoch, clock,
-                    scores is None, *evs, **kw)
+                    keep, *evs, **kw)
             self._take_rows(taken)
             self.n_full = size
             self.n_deleted += made
             n_ev += ev
-        if hold == kb.MAX:
-            bk.restore_scores(self.slots, self.mask, keys, where, self._scores(), self.mscore)
-        ev_keys, ev_rows = ev_keys[:n_ev], ev_rows[:n_ev]
-        # hand out the evicted keys' columns before their rows are initialised again
-        cols = {name: self._take(col.data, ev_rows) for name, col in self.columns.items()} \
-            if evicted or self.keep_evicted else {}
-        self.last_evicted = (ev_keys, cols)
-        if then is not None:
-            then(rows, inserted)
-        return rows, inserted
+        return n_ev
+
+    def _bucket_calls(self, keys, given, keep, epoch, clock, hold, rows, where, inserted,
+                      present, ev_keys, ev_rows):
+        """:meth:`_insert`'s kernels on a bucketed index (:mod:`jit_kernels.bucket_bounded`):
+        into a full table or one the call cannot fill, a stretch of buckets a thread
+        (the find, the inserts and the scores put back in one kernel), else
+        ``find_present``, the serial pass and ``restore_scores``; returns how many keys
+        were evicted."""
+        n = keys.shape[0]
+        self._reserve_rows(n)                   # (may move the columns)
+        stretches = numba.get_num_threads()     # (the result does not depend on it)
+        wide = n >= kb.RANGES_MIN and stretches > 1
+        if not wide or self.n_full < self.limit:    # (a full table: no count needed)
+            kb.find_present(self.slots, self.mask, keys, rows, where, self.mscore,
+                            self.mark, self._batch, hold)
+            # a fill in stretches: the call cannot fill the table
+            wide = wide and self.n_full + kb.absent_count(rows) <= self.limit
+        head = (self.slots, self.mask, keys, given, self._scores(), self.mscore, self.mark,
+                self._batch, hold, rows, where, inserted)
+        rest = (self.free_rows, self.free_rows.shape[0], self.fresh, self.n_full)
+        tail = (self.limit, self.policy, epoch, clock, keep, ev_keys, ev_rows)
+        if wide:
+            out = self._work("present", n, np.bool_) if present is None else present
+            taken, n_ev, size = bb.bucket_insert_ranges(*head, out, *rest, stretches, *tail)
+        else:
+            if present is not None:
+                self._present(rows, present)
+            taken, n_ev, size = bb.bucket_insert(*head, *rest, *tail)
+            if hold == kb.MAX:
+                kb.restore_scores(self.slots, self.mask, keys, where, self._scores(),
+                                  self.mscore)
+        self._take_rows(taken)
+        self.n_full = size
+        return n_ev
 
     def remove(self, keys):
         self._bk.forget(self.slots, self.mask, keys, self.mscore)
-        return super().remove(keys)
+        n = super().remove(keys)
+        if self.bucketed:               # (a bucketed index frees the slots: no tombstones)
+            self.n_deleted -= n
+        return n
 
     def _init_new(self, rows, keys, inserted, skip=()):
         """(Rows -1, keys not admitted, are not inserted: the kernels pass them by.)"""
@@ -224,7 +306,14 @@ class BoundedShard(BoundedRows, Shard):
 
     # ---- arrays on the host (BoundedRows' hooks) --------------------------------------
     _new = staticmethod(np.empty)
-    _full = staticmethod(np.full)
+
+    @staticmethod
+    def _full(n, value, dtype):
+        """``np.full``; the score copies and call marks of a large index in big pages
+        (:func:`numbaemb._arena.index_empty`)."""
+        out = index_empty(n, dtype)
+        out[...] = value
+        return out
     _present = staticmethod(lambda rows, out: np.greater_equal(rows, 0, out=out))
     _host = staticmethod(lambda a: a)
 

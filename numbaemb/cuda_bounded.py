@@ -38,6 +38,9 @@ class CudaBoundedShard(BoundedRows, CudaShard):
     def __init__(self, dim, dtype, init, limit, policy, window, init_size=0,
                  device=0, max_hbm_bytes=None):
         self._bounds(limit, policy, window)
+        if self.bucketed:
+            raise ValueError("evict_window='bucket' (a bucketed index) is CPU only so far: "
+                             "a GPU table takes a window of slots (an int)")
         super().__init__(dim, dtype, init, min(int(init_size), self.limit), device,
                          max_hbm_bytes)
         self.add_column(SCORE, 1, np.int64, (ZEROS, 0.0, 0.0, 0, np.zeros(1)))

@@ -20,7 +20,7 @@ from jit_kernels import cpu_table as k
 from jit_kernels import initializers as _ki
 from jit_kernels.slots import empty_slots
 
-from ._arena import Column, arena_empty, arena_grow, populate, prefault
+from ._arena import Column, arena_empty, arena_grow, index_empty, populate, prefault
 
 MAX_LOAD = 0.75      # grow when full + tombstone slots would pass this fraction
 MIN_CAPACITY = 16
@@ -153,7 +153,7 @@ class Shard(IndexedRows):
     # ---- bookkeeping -------------------------------------------------------------
     def _reset(self):
         cap = _index_capacity(self._init_size)
-        self.slots = empty_slots(cap)
+        self.slots = self._empty_index(cap)
         self.n_full = 0
         self.n_deleted = 0
         self.free_rows = np.empty(0, np.int64)
@@ -185,7 +185,10 @@ class Shard(IndexedRows):
     def _count_absent(self, keys):
         return k.find_rows(self.slots, self.mask, keys, np.empty(keys.shape[0], np.int64))
 
-    _empty_index = staticmethod(empty_slots)
+    @staticmethod
+    def _empty_index(cap):
+        """A fresh index of ``cap`` slots (in big pages: :func:`._arena.index_empty`)."""
+        return empty_slots(cap, index_empty)
 
     def _reserve_rows(self, n_new):
         need = self.fresh + max(0, n_new - self.free_rows.shape[0])

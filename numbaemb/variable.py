@@ -100,8 +100,11 @@ class Variable:
         ``"epoch_lru"``, ``"epoch_lfu"`` (epoch from :meth:`set_epoch`, else the last
         optimizer step) or ``"custom"`` (``scores=`` of ``find_or_insert`` / ``upsert``).
       evict_window: index slots a new key looks at for its victim (default 32; a
-        window wider than the index is the whole index).  ``evict`` and
-        ``evict_window`` need ``max_capacity``.  A bounded table's index (with the
+        window wider than the index is the whole index), or ``"bucket"``: a bucketed
+        index, HierarchicalKV's (:mod:`jit_kernels.bucket_bounded`; a key lives in one
+        bucket of 32 slots and a new key evicts the lowest score of its bucket, also
+        when only the bucket is full; evicting inserts about 1.6x as fast; CPU only
+        so far).  ``evict`` and ``evict_window`` need ``max_capacity``.  A bounded table's index (with the
         victim search's score copies) is allocated for ``max_capacity`` up front:
         50-100 bytes a key (50 at a power of two); rows are made as keys arrive.
       steps_to_live: None, or keep per key the optimizer step that last updated it, so
@@ -551,7 +554,7 @@ class Variable:
         if self.max_capacity is not None:
             out += f", max_capacity={self.max_capacity}, evict={self.evict!r}"
             if self.evict_window != EVICT_WINDOW:
-                out += f", evict_window={self.evict_window}"
+                out += f", evict_window={self.evict_window!r}"
         if self.admit is not None:
             out += f", admit={self.admit!r}"
         if self.steps_to_live is not None:
@@ -647,10 +650,14 @@ def get_variable(name, dim, **kwargs) -> Variable:
 
 def _bounds(max_capacity, evict, window, num_shards):
     """Checked ``(max_capacity, evict, window)`` of a bounded table (None, ... if not)."""
-    from .bounded import POLICIES
+    from .bounded import BUCKETS, POLICIES
     if evict not in POLICIES:
         raise ValueError(f"evict must be one of {list(POLICIES)}, got {evict!r}")
-    window = _checks.positive_int(window, "evict_window")
+    if not (isinstance(window, str) and window == BUCKETS):
+        if isinstance(window, str):
+            raise ValueError(f"evict_window must be a positive int or {BUCKETS!r}, "
+                             f"got {window!r}")
+        window = _checks.positive_int(window, "evict_window")
     if max_capacity is None:
         if evict != "lru" or window != EVICT_WINDOW:
             raise ValueError(f"evict={evict!r} and evict_window={window} need max_capacity "
