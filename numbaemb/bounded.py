@@ -38,6 +38,12 @@ SCORE = "score"          # the row-aligned score column (checkpointed with the r
 BUCKETS = "bucket"       # evict_window of a bucketed index (jit_kernels.bucket_bounded)
 
 
+def stretches_for():
+    """Stretches of buckets a bucketed call is cut into: one a thread (the result does
+    not depend on it; 1: the serial pass)."""
+    return numba.get_num_threads()
+
+
 class BoundedRows:
     """A bounded shard's work, on the CPU (:class:`BoundedShard`) or a GPU
     (:class:`numbaemb.cuda_bounded.CudaBoundedShard`): the kernels come from ``_bk``
@@ -246,7 +252,7 @@ class BoundedRows:
         were evicted."""
         n = keys.shape[0]
         self._reserve_rows(n)                   # (may move the columns)
-        stretches = numba.get_num_threads()     # (the result does not depend on it)
+        stretches = stretches_for()             # (the result does not depend on it)
         wide = n >= kb.RANGES_MIN and stretches > 1
         if not wide or self.n_full < self.limit:    # (a full table: no count needed)
             kb.find_present(self.slots, self.mask, keys, rows, where, self.mscore,

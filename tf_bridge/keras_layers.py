@@ -87,7 +87,7 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
         benchmark's job: 8.0M against 6.5M ids/s, 2-core VM).  Training always
         finds the distinct ids (the gradient is summed per id).
       restrict_policy, bp_v2, init_size, num_shards, partitioner, seed, max_capacity,
-      evict, admit, steps_to_live: as ``de.Variable`` (``admit`` may also be the dict
+      evict, evict_window, admit, steps_to_live: as ``de.Variable`` (``admit`` may also be the dict
       of ``numbaemb.admission.config_of``, as the layer's config holds it; its counts
       travel with the table's checkpoints)
         (``init_capacity``: TFRA's name for ``init_size``).
@@ -103,7 +103,7 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
                  restrict_policy=None, bp_v2=False, init_size=0, num_shards=None,
                  partitioner=None, seed=None, max_norm=None, distributed=False,
                  init_capacity=None, max_capacity=None, evict="lru", admit=None,
-                 steps_to_live=None, **kwargs):
+                 steps_to_live=None, evict_window=None, **kwargs):
         if init_capacity is not None:        # TFRA's name for init_size
             if init_size:
                 raise ValueError("pass init_size or init_capacity (TFRA's name), not both")
@@ -132,7 +132,8 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
                                init_size=init_size, restrict_policy=restrict_policy,
                                bp_v2=bp_v2, num_shards=num_shards, seed=seed,
                                distributed=distributed, max_capacity=max_capacity,
-                               evict=evict, admit=_admit_filter(admit), steps_to_live=steps_to_live)
+                               evict=evict, admit=_admit_filter(admit), steps_to_live=steps_to_live,
+                               evict_window=evict_window)
         self.distributed = bool(distributed)
         self.supports_jit = False        # tf.numpy_function cannot be XLA-compiled
 
@@ -274,6 +275,8 @@ class Embedding(KerasTableSaving, keras.layers.Layer):
             distributed=self.distributed,
             num_shards=self.params.table.num_shards,
             max_capacity=self.params.table.max_capacity, evict=self.params.table.evict,
+            evict_window=self.params.table.evict_window
+            if self.params.table.max_capacity is not None else None,
             steps_to_live=getattr(self.params.table, "steps_to_live", None),
             admit=_admit_config(getattr(self.params.table, "admit", None)),
             restrict_policy=None if policy is None else type(policy).__name__)

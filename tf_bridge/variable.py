@@ -232,9 +232,11 @@ class Variable(tf.__internal__.tracking.Trackable):
         ``de.FrequencyRestrictPolicy``); ``restrict`` then bounds the size.
       bp_v2: optimizer steps add the weight change through ``accum`` (TFRA's bp_v2).
       num_shards, seed: numbaemb options (keyword only).
-      max_capacity, evict: a bounded table (keyword only): at most ``max_capacity`` keys,
-        an insert into a full table evicting the lowest-scored key of its window
-        (``evict``: "lru", "lfu", "epoch_lru", "epoch_lfu"; see :mod:`numbaemb.bounded`).
+      max_capacity, evict, evict_window: a bounded table (keyword only): at most
+        ``max_capacity`` keys, an insert into a full table evicting the lowest-scored
+        key of its window (``evict``: "lru", "lfu", "epoch_lru", "epoch_lfu"; see
+        :mod:`numbaemb.bounded`; ``evict_window="bucket"``: HierarchicalKV's buckets,
+        see ``numbaemb.Variable``).
         Optimizer steps drop the gradients of ids that were not admitted.
       admit: an admission filter (keyword only; :mod:`numbaemb.admission`).
       steps_to_live: keep each key's last update step (keyword only); :meth:`expire`
@@ -265,7 +267,7 @@ class Variable(tf.__internal__.tracking.Trackable):
                  initializer=None, trainable=True, checkpoint=True, init_size=0,
                  kv_creator=None, restrict_policy=None, bp_v2=False, *, num_shards=None,
                  seed=None, distributed=False, max_capacity=None, evict="lru", admit=None,
-                 steps_to_live=None):
+                 steps_to_live=None, evict_window=None):
         if kv_creator is not None:
             raise ValueError("kv_creator must be None: tables are numbaemb shards in host memory")
         if not isinstance(name, str) or not name:
@@ -287,7 +289,7 @@ class Variable(tf.__internal__.tracking.Trackable):
             dim, num_shards=len(self.devices) if num_shards is None else num_shards,
             partitioner=partitioner, name=name, init_size=init_size, seed=seed,
             initializer=self.initializer if kernel_init else None, comm=comm,
-            **_bounded_opts(max_capacity, evict, admit, steps_to_live), **opts)
+            **_bounded_opts(max_capacity, evict, admit, steps_to_live, evict_window), **opts)
         self.distributed = self.table.comm is not None     # split across more than one rank
         # callable initializers: initial rows handed out by training lookups, kept until
         # an optimizer step inserts them (insert_initial_values), so it trains what the loss saw
@@ -619,10 +621,11 @@ def _distributed_comm(distributed, kernel_init, initializer):
     return hvd.comm()
 
 
-def _bounded_opts(max_capacity, evict, admit, steps_to_live):
+def _bounded_opts(max_capacity, evict, admit, steps_to_live, evict_window=None):
     """numbaemb's arguments for bounding a table (none for a plain one)."""
     opts = {k: v for k, v in dict(max_capacity=max_capacity, admit=admit,
-                                  steps_to_live=steps_to_live).items() if v is not None}
+                                  steps_to_live=steps_to_live,
+                                  evict_window=evict_window).items() if v is not None}
     if max_capacity is not None or evict != "lru":     # (numbaemb refuses evict alone)
         opts["evict"] = evict
     return opts

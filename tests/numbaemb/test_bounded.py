@@ -21,6 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import numbaemb as ne
 from jit_kernels import bounded as kb
+from numbaemb import bounded as nb
 from numbaemb import optimizers as O
 from tests.sizing import examples
 
@@ -34,7 +35,7 @@ LOW = 0xFFFFFFFF
 
 def assert_copies_current(shard):
     """The victim search's copy of the scores beside the index is current."""
-    words = shard.slots[1::2]
+    words = shard.slots[1:2 * shard.capacity:2]     # (a bucketed index: digests after)
     full = words >= 0
     np.testing.assert_array_equal(shard.mscore[full], shard._scores()[words[full]])
     assert (shard.mscore[~full] == np.iinfo(np.int64).max).all()
@@ -219,12 +220,34 @@ class RangesMachine(BoundedMachine):
         super().teardown()
 
 
-def machine(policy, exact=True, ranges=False):
+class BucketRangesMachine(BoundedMachine):
+    """A bucketed index (``evict_window="bucket"``) whose every call with more than one
+    key takes the parallel kernel (``jit_kernels.bucket_bounded.bucket_insert_ranges``)
+    in 2 stretches, whatever the threads."""
+
+    def __init__(self):
+        self.saved = nb.stretches_for, kb.RANGES_MIN
+        nb.stretches_for, kb.RANGES_MIN = (lambda: 2), 2
+        super().__init__()
+
+    def teardown(self):
+        nb.stretches_for, kb.RANGES_MIN = self.saved
+        super().teardown()
+
+
+def machine(policy, exact=True, ranges=False, bucket=False):
+    """A state machine's test: exact (a window as wide as the index; a bucketed index
+    of ``CAP`` keys is one bucket, so its window is the index too) or a small window;
+    ``ranges``: the parallel kernels on every call."""
     attrs = {"POLICY": policy, "EXACT": exact}
     if not exact:
         attrs.update(CAP=12, WINDOW=3)
-    name = f"Bounded_{policy}_{'exact' if exact else 'window'}{'_ranges' if ranges else ''}"
-    cls = type(name, (RangesMachine if ranges else BoundedMachine,), attrs)
+    if bucket:
+        attrs.update(WINDOW="bucket")
+    base = (BucketRangesMachine if bucket else RangesMachine) if ranges else BoundedMachine
+    name = f"Bounded_{policy}_{'exact' if exact else 'window'}{'_ranges' if ranges else ''}" \
+        f"{'_bucket' if bucket else ''}"
+    cls = type(name, (base,), attrs)
     test = cls.TestCase
     test.settings = settings(max_examples=examples(30), stateful_step_count=20, deadline=None)
     return test
@@ -239,6 +262,12 @@ TestLRUSmallWindow = machine("lru", exact=False)
 TestLFUSmallWindow = machine("lfu", exact=False)
 TestLRUSmallWindowRanges = machine("lru", exact=False, ranges=True)
 TestLFUSmallWindowRanges = machine("lfu", exact=False, ranges=True)
+TestBucketLRU = machine("lru", bucket=True)
+TestBucketLFU = machine("lfu", bucket=True)
+TestBucketEpochLFU = machine("epoch_lfu", bucket=True)
+TestBucketCustom = machine("custom", bucket=True)
+TestBucketLRURanges = machine("lru", ranges=True, bucket=True)
+TestBucketCustomRanges = machine("custom", ranges=True, bucket=True)
 
 
 def test_an_lru_call_at_a_clock_some_key_already_has_evicts_as_the_rule_says():
@@ -464,3 +493,118 @@ def test_call_marks_wrap_without_changing_a_result(monkeypatch):
     assert sum(c.size for c in want_calls[2::3]) > 10          # evictions happened
     for a, b in zip(calls + list(scores), want_calls + list(want_scores)):
         np.testing.assert_array_equal(a, b)
+
+
+# ---- a bucketed index (evict_window="bucket") ---------------------------------------
+def _same_bucket_keys(v, n):
+    """``n`` keys of ``v``'s first bucket (the bucket of key 0)."""
+    from jit_kernels.bucket_bounded import homes_of
+    mask = v.shards[0].mask
+    want = homes_of.python_twin()(0, mask) >> 8
+    keys = [k for k in range(200_000) if homes_of.python_twin()(k, mask) >> 8 == want]
+    assert len(keys) >= n
+    return np.array(keys[:n], np.int64)
+
+
+def test_bucket_arguments():
+    v = ne.Variable(2, max_capacity=40, evict_window="bucket")
+    assert v.shards[0].bucketed and v.shards[0].capacity == 128     # (4 buckets)
+    assert "evict_window='bucket'" in repr(v)
+    with pytest.raises(ValueError, match="need max_capacity"):
+        ne.Variable(2, evict_window="bucket")
+    with pytest.raises(ValueError, match="evict_window must be a positive int or 'bucket'"):
+        ne.Variable(2, max_capacity=40, evict_window="buckets")
+
+
+def test_bucket_full_evicts_before_the_table_is():
+    """A new key whose bucket holds 32 keys evicts its bucket's least recent one while
+    the table holds fewer than max_capacity keys (HierarchicalKV's rule), and reports it."""
+    v = ne.Variable(2, max_capacity=40, evict_window="bucket", initializer=0.0)
+    keys = _same_bucket_keys(v, 34)
+    for k in keys[:32]:
+        v.find_or_insert(np.array([k]))
+    assert v.size() == 32
+    v.find_or_insert(keys[1:32])                      # keys[0] is now the least recent
+    _, ev_keys, ev_values = v.find_or_insert(keys[32:33], return_evicted=True)
+    assert ev_keys.tolist() == [keys[0]] and ev_values.shape == (1, 2)
+    assert v.size() == 32 and set(v.export()[0].tolist()) == set(keys[1:33].tolist())
+    v.upsert(np.array([10 ** 9 + 7]), np.ones((1, 2), np.float32))   # other buckets: room
+    assert v.size() in (32, 33)
+
+
+def test_bucket_load_refuses_a_full_bucket():
+    """Placing a checkpoint's keys: a key whose bucket is full is a clear error, not a
+    lost key (a table of another max_capacity saved them)."""
+    v = ne.Variable(2, max_capacity=40, evict_window="bucket")
+    keys = _same_bucket_keys(v, 33)
+    pairs = np.empty(2 * 33, np.int64)
+    pairs[0::2], pairs[1::2] = keys, np.arange(33)
+    shard = v.shards[0]
+    shard._reserve_rows(33)
+    with pytest.raises(ValueError, match="no free slot"):
+        shard._place(pairs, shard.slots)
+
+
+@pytest.mark.parametrize("evict", ["lru", "lfu", "custom"])
+def test_bucket_results_do_not_depend_on_the_stretches(monkeypatch, evict):
+    """The same calls (fills, evicting calls, repeats, removals) with the serial pass and
+    with 2, 3 and 8 stretches of buckets: the same evictions, keys, rows and scores."""
+    rng = np.random.default_rng(5)
+    calls = [rng.integers(-4000, 4000, int(rng.integers(2500, 4000))) for _ in range(6)]
+    given = [rng.integers(0, 20, c.shape[0]) for c in calls]
+    runs = []
+    monkeypatch.setattr(kb, "RANGES_MIN", 2)
+    for stretches in (1, 2, 3, 8):
+        monkeypatch.setattr(nb, "stretches_for", lambda s=stretches: s)
+        v = ne.Variable(2, max_capacity=3000, evict=evict, evict_window="bucket")
+        got = []
+        for c, g in zip(calls, given):
+            kw = {"scores": g} if evict == "custom" else {}
+            got.append(v.find_or_insert(c, return_evicted=True, **kw)[1].tolist())
+            v.remove(c[:50])
+        shard = v.shards[0]
+        runs.append((got, shard.slots.copy(), shard._scores().copy(), v.size()))
+    for other in runs[1:]:
+        assert other[0] == runs[0][0] and other[3] == runs[0][3]
+        np.testing.assert_array_equal(other[1], runs[0][1])
+        np.testing.assert_array_equal(other[2], runs[0][2])
+
+
+def test_bucket_lookup_paths_and_expiry():
+    """Every reader of the index takes a bucketed one: lookups (one table and several
+    in one kernel), export, removal, steps-to-live expiry and a native checkpoint."""
+    from numbaemb import multi
+    from numbaemb.expiry import expire
+    rng = np.random.default_rng(2)
+    v = ne.Variable(3, max_capacity=500, evict_window="bucket", steps_to_live=2,
+                    initializer=ne.initializers.RandomUniform(-1, 1, seed=1))
+    plain = ne.Variable(3, initializer=ne.initializers.RandomUniform(-1, 1, seed=1))
+    keys = np.unique(np.concatenate([rng.integers(-10 ** 6, 10 ** 6, 400), EXTREME]))
+    vals = rng.normal(size=(keys.size, 3)).astype(np.float32)
+    v.upsert(keys, vals)
+    plain.upsert(keys, vals)
+    probe = np.concatenate([keys, rng.integers(-10 ** 6, 10 ** 6, 100)])
+    want, want_exists = plain.lookup(probe, return_exists=True)
+    got, exists = v.lookup(probe, return_exists=True)
+    np.testing.assert_array_equal(exists, want_exists)
+    np.testing.assert_array_equal(got, want)
+    (looked,) = multi.lookup_many([v], [probe])
+    np.testing.assert_array_equal(looked.rows, want)
+    ek, ev = v.export()
+    assert sorted(ek.tolist()) == sorted(keys.tolist())
+    v.remove(keys[:50])
+    assert v.size() == keys.size - 50 and not v.lookup(keys[:50], return_exists=True)[1].any()
+    opt = ne.optimizers.SGD(0.1)
+    for step in range(1, 4):
+        ne.optimizers.apply_gradients(v, opt, keys[50:60], np.ones((10, 3), np.float32),
+                                      step=step)
+    expire(v)
+    assert sorted(v.export()[0].tolist()) == sorted(keys[50:60].tolist())
+    path = tempfile.mkdtemp(prefix="numbaemb_bucket_")
+    try:
+        v.save(f"{path}/t")
+        back = ne.Variable.load(f"{path}/t")
+        assert back.shards[0].bucketed and back.evict_window == "bucket"
+        np.testing.assert_array_equal(back.lookup(keys[50:60]), v.lookup(keys[50:60]))
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
