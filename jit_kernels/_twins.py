@@ -12,16 +12,19 @@ import types
 from numba import njit
 
 
-def twin_of(dispatcher, suffix, **options):
+def twin_of(dispatcher, suffix, helpers=None, **options):
     """An ``@njit`` build of ``dispatcher``'s Python function under the name + ``suffix``,
-    with its options (and caching) but ``options``.
+    with its options (and caching) but ``options``; ``helpers``: names of its module's
+    globals bound to other functions in the twin (the same kernel on another layout,
+    :mod:`jit_kernels.bucket_reads`).
 
     The copy gets its own ``__qualname__``: Numba's on-disk cache is named by qualname
     and keyed by signature, not by the build's flags, so a twin under the same name
     would load the other build's machine code.
     """
     fn = dispatcher.py_func
-    twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + suffix,
+    names = fn.__globals__ if not helpers else {**fn.__globals__, **helpers}
+    twin = types.FunctionType(fn.__code__, names, fn.__name__ + suffix,
                               fn.__defaults__, fn.__closure__)
     twin.__qualname__ = fn.__qualname__ + suffix
     twin.__doc__ = fn.__doc__

@@ -17,10 +17,12 @@ at least ``BUCKET``:
   passes, a rehash's source) reads free slots there and needs no change.  A bucket's
   32 digests share one 64-byte line.
 
-A kernel given ``(slots, mask)`` (mask = capacity - 1) tells the layouts apart by the
-array's length (:func:`is_bucketed`): :func:`jit_kernels.probing.find_slot` and
-:func:`jit_kernels.probing.erase_key` take either.  The bucket holds a key's probe
-"window" of :mod:`jit_kernels.bounded`: :mod:`jit_kernels.bucket_bounded` inserts.
+The kernels of a bounded table's call (:mod:`jit_kernels.bounded`'s find before a
+call, its score restore and removal) tell the layouts apart by the array's length
+(:func:`is_bucketed`, mask = capacity - 1); the find kernels of every table have
+twins for this layout (:mod:`jit_kernels.bucket_reads`).  The bucket is a key's
+probe "window" of :mod:`jit_kernels.bounded`: :mod:`jit_kernels.bucket_bounded`
+inserts.
 
 >>> slots = empty_buckets(64)
 >>> s = place(slots, 63, 12345, 7)

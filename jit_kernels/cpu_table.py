@@ -30,7 +30,6 @@ from ._inner import inner
 from ._twins import BySize
 from .initializers import init_row
 from .probing import accum_group, erase_key, find_or_insert_key, find_row, insert_unique
-from .buckets import digests, home, is_bucketed, lowest
 from .slots import first_slot, is_full
 
 _opts = dict(parallel=True, nogil=True, cache=True)
@@ -72,18 +71,9 @@ prefetch_later = _prefetch_intrinsic(0, 2)
 
 
 @inner
-def home_line(slots, mask, key):
-    """The byte offset in ``slots`` of ``key``'s home slot; in a bucketed index
-    (:mod:`jit_kernels.buckets`), of its bucket's digests."""
-    if is_bucketed(slots, mask):
-        return (2 * (mask + 1) + (home(key, mask)[0] >> 2)) * slots.itemsize
-    return 2 * first_slot(key, mask) * slots.itemsize
-
-
-@inner
 def prefetch_slot(slots, mask, key, write):
-    """Request the home slot of ``key`` (:func:`home_line`)."""
-    off = home_line(slots, mask, key)
+    """Request the home slot of ``key``."""
+    off = 2 * first_slot(key, mask) * slots.itemsize
     if write:
         prefetch_write(slots, off)
     else:
@@ -91,24 +81,19 @@ def prefetch_slot(slots, mask, key, write):
 
 
 @inner
-def prefetch_found(slots, mask, key):
-    """In a bucketed index (:mod:`jit_kernels.buckets`), request the slot of ``key``
-    that its digest points to (the digests' line was requested earlier: a second stage
-    of the look-ahead, for the line a find reads next); a linear index: nothing."""
-    if is_bucketed(slots, mask):
-        o, d = home(key, mask)
-        m = digests(slots, mask, o, d)
-        if m != 0:
-            prefetch_read(slots, 16 * (o + lowest(m)))
+def prefetch_second(slots, mask, key):
+    """A second stage of a find's look-ahead, nearer its turn: nothing in a linear
+    index (its home slot, requested first, is where the find starts).  The bucketed
+    index's twins of the find kernels (:mod:`jit_kernels.bucket_reads`) request here
+    the slot the key's digest points to."""
 
 
 @inner
 def prefetch_probe(slots, mask, key, write):
     """Request the home slot of ``key`` and the slot 3 on: the next cache line for 3 of
     the 4 places a slot can take in a line (at load 0.5 the probe of an absent key runs
-    past its home slot's line about a third of the time).  A bucketed index
-    (:mod:`jit_kernels.buckets`): the line of the bucket's digests."""
-    off = home_line(slots, mask, key)
+    past its home slot's line about a third of the time)."""
+    off = 2 * first_slot(key, mask) * slots.itemsize
     if write:
         prefetch_write(slots, off)
         prefetch_write(slots, off + 6 * slots.itemsize)
@@ -150,7 +135,7 @@ def lookup_rows(slots, mask, keys, values, out, exists, kind, a, b, seed, const,
         if i + AHEAD < n:
             prefetch_slot(slots, mask, keys[i + AHEAD], False)
         if i + AHEAD // 2 < n:
-            prefetch_found(slots, mask, keys[i + AHEAD // 2])
+            prefetch_second(slots, mask, keys[i + AHEAD // 2])
         rows[i] = find_row(slots, mask, keys[i])
     for i in prange(n):                   # ... then copy the rows (rows requested ahead)
         if i + ROWS_AHEAD < n and rows[i + ROWS_AHEAD] >= 0:
@@ -174,7 +159,7 @@ def find_rows(slots, mask, keys, rows):
         if i + AHEAD < n:
             prefetch_slot(slots, mask, keys[i + AHEAD], False)
         if i + AHEAD // 2 < n:
-            prefetch_found(slots, mask, keys[i + AHEAD // 2])
+            prefetch_second(slots, mask, keys[i + AHEAD // 2])
         rows[i] = find_row(slots, mask, keys[i])
         if rows[i] < 0:
             missing += 1
@@ -294,15 +279,9 @@ def accum_groups(slots, mask, keys, order, starts, values, old, new, exists,
 def erase_keys(slots, mask, keys, freed):
     """Tombstone each present key; freed[i] = the row released by keys[i], else -1.
 
-    A key repeated in the batch releases its row once.  A bucketed index
-    (:mod:`jit_kernels.buckets`) is erased serially: a slot's digest shares its word
-    with 7 others'.
+    A key repeated in the batch releases its row once.
     """
     n = keys.shape[0]
-    if is_bucketed(slots, mask):
-        for i in range(n):
-            freed[i] = erase_key(slots, mask, keys[i])
-        return
     for i in prange(n):
         if i + AHEAD < n:
             prefetch_slot(slots, mask, keys[i + AHEAD], True)

@@ -14,7 +14,6 @@ word).  ``find_slot`` is read-only; it may run beside inserts only with
 True
 """
 
-from . import buckets
 from ._inner import inner
 from .atomics import cas, claim, load_acquire, store_release
 from .halfs import load, store
@@ -27,11 +26,8 @@ def find_slot(slots, mask, key, synced=False):
 
     ``synced`` reads row words with acquire loads: needed while other threads
     insert (a published row word must not be paired with a stale key); a
-    read-only pass (lookup) uses plain loads.  A bucketed index
-    (:mod:`jit_kernels.buckets`, a bounded table's) is searched in the key's bucket.
+    read-only pass (lookup) uses plain loads.
     """
-    if buckets.is_bucketed(slots, mask):
-        return buckets.find(slots, mask, key)
     s = first_slot(key, mask)
     for _ in range(mask + 1):
         word = load_acquire(slots, 2 * s + 1) if synced else slots[2 * s + 1]
@@ -58,8 +54,6 @@ def find_row_x4(slots, mask, key):
     eight loads (four keys, four row words, the same 64 bytes) issue together, so a
     chain of c slots waits on about c / 4 loads.  For GPUs, where a lane's loads do
     not overlap across a loop's iterations; an index has at least 16 slots."""
-    if buckets.is_bucketed(slots, mask):
-        return find_row(slots, mask, key)
     s = first_slot(key, mask)
     for _ in range(0, mask + 1, 4):
         s1, s2, s3 = (s + 1) & mask, (s + 2) & mask, (s + 3) & mask
@@ -145,12 +139,8 @@ def insert_unique(slots, mask, key, row):
 def erase_key(slots, mask, key):
     """Turn ``key``'s slot into a tombstone; returns the freed row or -1.
 
-    Of concurrent erases of the same key exactly one gets the row back.  In a bucketed
-    index (:mod:`jit_kernels.buckets`) the slot is freed, no tombstone left (one
-    thread erases a key at a time there).
+    Of concurrent erases of the same key exactly one gets the row back.
     """
-    if buckets.is_bucketed(slots, mask):
-        return buckets.erase(slots, mask, key)
     s = find_slot(slots, mask, key)
     if s < 0:
         return -1

@@ -24,6 +24,7 @@ import numpy as np
 from jit_kernels import bounded as kb
 from jit_kernels import bounded_accum as ka
 from jit_kernels import bucket_bounded as bb
+from jit_kernels import bucket_reads as br
 from jit_kernels.buckets import BUCKET, bucket_capacity, empty_buckets
 from jit_kernels.initializers import ZEROS
 
@@ -279,10 +280,14 @@ class BoundedRows:
 
     def remove(self, keys):
         self._bk.forget(self.slots, self.mask, keys, self.mscore)
-        n = super().remove(keys)
-        if self.bucketed:               # (a bucketed index frees the slots: no tombstones)
-            self.n_deleted -= n
-        return n
+        if not self.bucketed:
+            return super().remove(keys)
+        freed = np.empty(keys.shape[0], np.int64)   # (frees the slots: no tombstones)
+        br.erase_keys(self.slots, self.mask, keys, freed)
+        freed = freed[freed >= 0]
+        self.free_rows = np.concatenate([self.free_rows, freed])
+        self.n_full -= freed.shape[0]
+        return freed.shape[0]
 
     def _init_new(self, rows, keys, inserted, skip=()):
         """(Rows -1, keys not admitted, are not inserted: the kernels pass them by.)"""
@@ -334,6 +339,25 @@ class BoundedShard(BoundedRows, Shard):
         out = np.empty((rows.shape[0], data.shape[1]), data.dtype)
         self._kernels.gather(data, rows, out)
         return out
+
+    # ---- reads of a bucketed index: jit_kernels.bucket_reads' kernels ----------------
+    def lookup(self, keys, out, exists):
+        if not self.bucketed:
+            return super().lookup(keys, out, exists)
+        br.lookup(self.slots, self.mask, keys, self.values, out, exists,
+                  *self.columns["values"].init)
+
+    def find_rows(self, keys):
+        if not self.bucketed:
+            return super().find_rows(keys)
+        rows = np.empty(keys.shape[0], np.int64)
+        br.find_rows(self.slots, self.mask, keys, rows)
+        return rows
+
+    def _count_absent(self, keys):
+        if not self.bucketed:
+            return super()._count_absent(keys)
+        return br.find_rows(self.slots, self.mask, keys, np.empty(keys.shape[0], np.int64))
 
     def upsert(self, keys, values, **kw):
         rows, inserted = self._insert(keys, **kw)

@@ -56,6 +56,7 @@ def fits(table) -> bool:
     """Whether ``table`` can take :func:`lookup_many`'s one-kernel path."""
     return (type(table) is Variable and table.device == "cpu" and table.num_shards == 1
             and type(table.shards[0]) in (Shard, BoundedShard) and table.key_range is None
+            and not getattr(table.shards[0], "bucketed", False)     # (its own kernels)
             and table._store == table.value_dtype and table.value_dtype.itemsize >= 4)
 
 
@@ -73,8 +74,8 @@ def lookup_many(tables, keys, unique=False, outs=None):
     for t, table in enumerate(tables):
         if not fits(table):
             raise ValueError(f"tables[{t}] cannot be looked up with others (a CPU table of one "
-                             "shard, int keys, 32/64-bit values, no key range); look it up "
-                             "on its own")
+                             "shard, int keys, 32/64-bit values, no key range, not a bucketed "
+                             "index); look it up on its own")
     if len(keys) != len(tables):
         raise ValueError(f"keys must have one array per table ({len(tables)}), got {len(keys)}")
     keys = [table._keys(k)[1] for table, k in zip(tables, keys)]       # checked, flat int64

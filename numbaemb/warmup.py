@@ -163,13 +163,17 @@ def _warm_many(ne, segment, key_dtype, value_dtype, timed):
 def _warm_bounded(ne, segment, key_dtype, value_dtype, timed):
     """A bounded table (``max_capacity``): inserts that fill it, evicting inserts in the
     serial pass and in ranges of the index (a small table made to take them), an
-    optimizer step."""
+    optimizer step; a bucketed one (``evict_window="bucket"``) likewise, in stretches
+    of buckets and serially, with its lookups and removal."""
     from jit_kernels import bounded as kb
-    saved = kb.RANGE_SLOTS, kb.RANGES_MIN
+    from numbaemb import bounded as nb
+    saved = kb.RANGE_SLOTS, kb.RANGES_MIN, nb.stretches_for
     try:
-        kb.RANGE_SLOTS, kb.RANGES_MIN = 16, 8
+        kb.RANGE_SLOTS, kb.RANGES_MIN, nb.stretches_for = 16, 8, (lambda: 2)
         v = _variable(ne, key_dtype, value_dtype, "warm_bounded", max_capacity=40,
                       evict_window=1)
+        b = _variable(ne, key_dtype, value_dtype, "warm_bounded_bucket", max_capacity=40,
+                      evict_window="bucket")
 
         def run():
             v.find_or_insert(np.arange(60, dtype=key_dtype))
@@ -177,14 +181,25 @@ def _warm_bounded(ne, segment, key_dtype, value_dtype, timed):
             ne.optimizers.apply_gradients(v, ne.optimizers.Adam(0.1),
                                           np.arange(50, 70, dtype=key_dtype),
                                           np.ones((20, 4), value_dtype), step=1)
+
+        def run_buckets():
+            b.find_or_insert(np.arange(30, dtype=key_dtype))       # a fill in stretches
+            b.find_or_insert(np.arange(30, 60, dtype=key_dtype))   # fills it: serially
+            b.find_or_insert(np.arange(60, 90, dtype=key_dtype))   # evicts in stretches
+            ne.optimizers.apply_gradients(b, ne.optimizers.Adam(0.1),
+                                          np.arange(80, 100, dtype=key_dtype),
+                                          np.ones((20, 4), value_dtype), step=1)
+            b.lookup(np.arange(100, dtype=key_dtype))
+            b.remove(np.arange(80, 85, dtype=key_dtype))
         timed("bounded tables", run)
+        timed("bounded tables: bucketed index", run_buckets)
         for init in _inits(ne)[1:]:                  # (each kind's build)
             w = _variable(ne, key_dtype, value_dtype, "warm_bounded_init", max_capacity=40,
                           initializer=init)
             timed(f"bounded tables: {type(init).__name__}",
                   lambda: w.find_or_insert(np.arange(60, dtype=key_dtype)))
     finally:
-        kb.RANGE_SLOTS, kb.RANGES_MIN = saved
+        kb.RANGE_SLOTS, kb.RANGES_MIN, nb.stretches_for = saved
 
 
 def _warm_strings(ne, segment, key_dtype, value_dtype, timed):

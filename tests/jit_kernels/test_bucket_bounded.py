@@ -10,7 +10,8 @@ from numba import njit
 from jit_kernels import bounded as kb
 from jit_kernels import bucket_bounded as bb
 from jit_kernels import buckets as bu
-from jit_kernels.cpu_table import erase_keys, export_slots, find_rows
+from jit_kernels.bucket_reads import erase_keys, find_rows
+from jit_kernels.cpu_table import export_slots
 from tests.sizing import examples
 
 
@@ -211,8 +212,8 @@ def test_ranges_equal_serial_on_a_large_table(hold_clock):
 
 
 def test_bucketed_lookups_erase_and_place_all():
-    """find_slot / erase_key take a bucketed index; place_all moves an index's keys in
-    slot order and drops the lowest-scored where a bucket overflows."""
+    """The find and erase kernels of a bucketed index; place_all moves an index's keys
+    in slot order and drops the lowest-scored where a bucket overflows."""
     cap = 64
     slots = bu.empty_buckets(cap)
     keys = np.array(POOL + list(range(100, 130)), np.int64)
