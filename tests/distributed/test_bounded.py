@@ -41,9 +41,10 @@ def same_table(v, oracle):
 
 
 def test_bounded_inserts_evict_per_rank_as_the_oracle_does():
-    for evict in ("lru", "lfu", "epoch_lru"):
-        kw = dict(max_capacity=60, evict=evict, evict_window=8, initializer=INIT)
-        v = ne.Variable(3, comm=COMM, name=f"bounded_{evict}", **kw)
+    for evict, window in (("lru", 8), ("lfu", 8), ("epoch_lru", 8), ("lru", "bucket"),
+                          ("lfu", "bucket")):
+        kw = dict(max_capacity=60, evict=evict, evict_window=window, initializer=INIT)
+        v = ne.Variable(3, comm=COMM, name=f"bounded_{evict}_{window}", **kw)
         oracle = ne.Variable(3, **kw)
         for call in range(12):
             if evict == "epoch_lru":

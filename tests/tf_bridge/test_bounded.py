@@ -12,18 +12,20 @@ import tf_bridge as de  # noqa: E402
 pytestmark = pytest.mark.usefixtures("one_numba_thread")
 
 
-def model_with(cap):
+def model_with(cap, window=None):
     ids = keras.Input((4,), dtype="int64")
     emb = de.keras.layers.Embedding(3, combiner="sum", name="bounded_emb", max_capacity=cap,
-                                    evict="lru", initializer=keras.initializers.Zeros())
+                                    evict="lru", initializer=keras.initializers.Zeros(),
+                                    evict_window=window)
     model = keras.Model(ids, keras.layers.Dense(1)(emb(ids)))
     model.compile(optimizer=de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.05)),
                   loss="mse")
     return model, emb
 
 
-def test_bounded_layer_trains_within_capacity_and_checkpoints(tmp_path):
-    model, emb = model_with(100)
+@pytest.mark.parametrize("window", [None, "bucket"])
+def test_bounded_layer_trains_within_capacity_and_checkpoints(tmp_path, window):
+    model, emb = model_with(100, window)
     x = np.random.default_rng(0).integers(0, 400, (256, 4))
     model.fit(x, np.ones((256, 1)), batch_size=16, epochs=1, verbose=0, shuffle=False)
     table = emb.params
@@ -31,7 +33,7 @@ def test_bounded_layer_trains_within_capacity_and_checkpoints(tmp_path):
     recent = np.unique(x[-16:])                       # the last batch's ids: all kept
     assert table.lookup(tf.constant(recent), return_exists=True)[1].numpy().all()
     path = tf.train.Checkpoint(m=model).save(str(tmp_path / "ck"))
-    model2, emb2 = model_with(100)
+    model2, emb2 = model_with(100, window)
     model2(x[:1])
     tf.train.Checkpoint(m=model2).restore(path)
     k1, v1 = table.export()
@@ -50,6 +52,7 @@ def test_bounded_layer_trains_within_capacity_and_checkpoints(tmp_path):
     loaded = keras.models.load_model(tmp_path / "m.keras")
     layer = loaded.get_layer("bounded_emb")
     assert layer.params.table.max_capacity == 100 and int(layer.params.size()) == int(table.size())
+    assert layer.params.table.evict_window == (32 if window is None else window)
 
 
 def test_restoring_more_keys_than_the_capacity_is_refused():
