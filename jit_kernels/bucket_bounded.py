@@ -15,10 +15,13 @@ absent when the call started and not inserted by an earlier position of it is *n
   score is lower or no such key is there: then it is not admitted (row -1).
 
 No key moves and nothing leaves a tombstone.  Buckets do not share slots, rows or
-scores, so :func:`bucket_insert_ranges` runs ranges of buckets on all threads into a
-full table, or into one that the call cannot fill (a *fill*: a new key's row is
-handed out after the pass, in batch order), with the result of
-:func:`bucket_insert`, the serial pass, whatever the threads.
+scores, so :func:`bucket_insert_ranges` runs stretches of buckets on all threads (the
+find, the inserts and the scores put back in one kernel) into a full table, or into
+one that the call cannot fill (a *fill*: a new key's row is handed out after the pass,
+in batch order), with the result of ``find_present``, :func:`bucket_insert` (the
+serial pass) and ``restore_scores``, whatever the threads.  100k new keys into a
+full 1M-key table took 1.45x the unbounded table's time (2 threads; session 40 in
+``benchmarks/HISTORY.md``).
 
 >>> import numpy as np
 >>> from jit_kernels.buckets import empty_buckets
@@ -45,7 +48,8 @@ from .buckets import BUCKET, digests, free_slot, home, lowest, match, set_digest
 from .cpu_table import prefetch_read, prefetch_write
 from .lanes import low32, vectors
 
-__all__ = ["bucket_insert", "bucket_insert_ranges", "victim", "place_all", "STANDIN"]
+__all__ = ["bucket_insert", "bucket_insert_ranges", "by_stretch", "homes_of", "victim",
+           "place_all", "STANDIN"]
 
 STANDIN = np.int64(1) << 52     # a fill's new key's row until rows are handed out:
 # STANDIN + its position (rows are below it: a bounded table holds at most 2**48 keys)
@@ -196,9 +200,10 @@ def _pass(a, b, slots, mask, keys, homes, given, scores, mscore, mark, batch, ho
 @inner
 def _find_pass(a, b, slots, mask, keys, homes, rows, where, found, mscore, mark, batch, hold):
     """The find before :func:`_pass` on positions ``a ... b - 1`` (as ``find_present``;
-    ``keys`` / ``homes`` / results indexed as there): ``rows[t]`` / ``where[t]`` = the row / slot of the key or -2
-    / -1, ``found[t]`` whether it is present; a present key is held (``mscore`` =
-    ``hold``, marked when ``hold`` is ``MAX``), so no position of the call evicts it."""
+    ``keys`` / ``homes`` / results indexed as there): ``rows[t]`` / ``where[t]`` = the
+    row / slot of the key or -2 / -1, ``found[t]`` whether it is present; a present key
+    is held (``mscore`` = ``hold``, marked when ``hold`` is ``MAX``), so no position of
+    the call evicts it."""
     for t in range(a, b):
         if t + 2 * LEAD < b:
             o = homes[t + 2 * LEAD] >> 8

@@ -32,11 +32,9 @@ inserts.
 (7, -1)
 """
 import numpy as np
-from numba.cpython.unsafe.numbers import trailing_zeros
-
 from ._inner import inner
 from .hashing import hash_key
-from .lanes import even_eq32, vectors
+from .lanes import ctz, even_eq32, vectors
 from .slots import EMPTY
 
 __all__ = ["BUCKET", "empty_buckets", "bucket_capacity", "is_bucketed", "home", "digests",
@@ -82,7 +80,7 @@ def home(key, mask):
 def lowest(m):
     """The place of the lowest set bit of the non-zero ``m``."""
     if vectors():
-        return np.int64(trailing_zeros(m))
+        return ctz(m)
     j = np.int64(0)
     while (m >> j) & 1 == 0:
         j += 1

@@ -150,6 +150,25 @@ def even_eq32(typingctx, arr, o, d):
 
 
 @intrinsic
+def ctz(typingctx, m):
+    """The number of trailing zero bits of the non-zero integer ``m`` (int64): one
+    instruction.  CPU only, as :func:`low32` (Numba's own ``trailing_zeros`` is not
+    typed for a GPU, so a body shared with CUDA could not even mention it)."""
+    if not isinstance(m, types.Integer):
+        return None
+    sig = types.int64(m)
+
+    def codegen(context, builder, sig, args):
+        if builder.module.triple.startswith("nvptx"):   # (not reached: see low32)
+            return _I64(0)
+        x = context.cast(builder, args[0], sig.args[0], types.int64)
+        return builder.call(_fn(builder, "llvm.cttz.i64", _I64, [_I64, ir.IntType(1)]),
+                            [x, ir.IntType(1)(1)])
+
+    return sig, codegen
+
+
+@intrinsic
 def vectors(typingctx):
     """True where the code is compiled for a CPU, False for a GPU (a constant the
     compiler folds: a body shared with CUDA keeps its scalar code for the GPU)."""

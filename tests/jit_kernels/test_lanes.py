@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from numba import errors, njit
 
-from jit_kernels.lanes import WIDTH, eq32, low32, vectors
+from jit_kernels.lanes import WIDTH, ctz, eq32, even_eq32, low32, vectors
 from tests.sizing import examples
 
 I64 = np.iinfo(np.int64)
@@ -67,6 +67,41 @@ def test_eq32_marks_every_equal_byte(data):
     for o in range(n - WIDTH + 1):
         want = sum(1 << t for t in range(WIDTH) if a[o + t] == d)
         assert int(_eq(a, o, d)) == want, (o, a[o:o + WIDTH], d)
+
+
+@njit(cache=False)
+def _even(a, o, d):
+    return even_eq32(a, o, d)
+
+
+@given(st.data())
+@settings(max_examples=examples(200), deadline=None)
+def test_even_eq32_marks_the_equal_bytes_of_the_even_words(data):
+    """Bit 8 g + b set exactly where byte b of ``a[o + 2 g]`` is ``d`` (g < 4): the odd
+    words between never count, even when they hold ``d`` in every byte."""
+    n = data.draw(st.integers(8, 24))
+    pool = data.draw(st.lists(st.sampled_from([0, 1, 127, 128, 255]) | st.integers(0, 255),
+                              min_size=1, max_size=3))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 32 - 1)))
+    raw = rng.choice(np.array(pool, np.uint8), 8 * n)
+    a = raw.view(np.int64).copy()
+    d = int(data.draw(st.sampled_from(pool)))
+    a[1::2] = np.int64(-1) if d == 255 else a[1::2]      # (EMPTY odd words: all 255)
+    by = a.view(np.uint8)
+    for o in range(n - 7):
+        want = sum(1 << (8 * g + b) for g in range(4) for b in range(8)
+                   if by[8 * (o + 2 * g) + b] == d)
+        assert int(_even(a, o, d)) == want, (o, d)
+
+
+def test_ctz_counts_trailing_zeros():
+    """The lowest set bit's place, with any bits above it (the sign bit too)."""
+    f = njit(cache=False)(lambda m: ctz(m))
+    for t in range(64):
+        for above in (0, (1 << 64) - 1, 0x5555 << 40):
+            word = ((1 << t) | (above << (t + 1))) & ((1 << 64) - 1)
+            m = np.array([word], np.uint64).view(np.int64)[0]
+            assert f(m) == t, (t, hex(word))
 
 
 def test_vector_reads_refuse_arrays_not_side_by_side():

@@ -204,18 +204,22 @@ def test_many_threads_insert_same_keys():
     np.testing.assert_array_equal(ev[order], ref[np.argsort(keys)])
 
 
-def test_bounded_table_evicting_under_readers(monkeypatch):
-    """A full bounded table evicting on every insert (also in ranges of its index) while
-    readers look up: each key's row holds the key itself, so a reader that got a row
-    must get its own key's, whole, or the initial value; never the evicted key's row
-    under the new key."""
+@pytest.mark.parametrize("window", [8, "bucket"])
+def test_bounded_table_evicting_under_readers(monkeypatch, window):
+    """A full bounded table evicting on every insert (also in ranges of its index, or in
+    stretches of its buckets) while readers look up: each key's row holds the key
+    itself, so a reader that got a row must get its own key's, whole, or the initial
+    value; never the evicted key's row under the new key."""
     from jit_kernels import bounded as kb
+    from numbaemb import bounded as nb
     monkeypatch.setattr(kb, "RANGE_SLOTS", 256)       # calls of 64+ keys take ranges
     monkeypatch.setattr(kb, "RANGES_MIN", 64)
-    config = dict(max_capacity=3000, evict="lru", evict_window=8, initializer=I.Constant(MISSING))
+    monkeypatch.setattr(nb, "stretches_for", lambda: 2)
+    config = dict(max_capacity=3000, evict="lru", evict_window=window,
+                  initializer=I.Constant(MISSING))
     warm_up(**config)
     v = ne.Variable(dim=DIM, **config)
-    assert kb.ranges_for(v.shards[0].capacity, 8) > 1
+    assert window == "bucket" or kb.ranges_for(v.shards[0].capacity, 8) > 1
     universe = np.arange(20_000, dtype=np.int64)
 
     def writer(seed):
