@@ -13,7 +13,8 @@ Prints two Markdown tables.
    times the bounded call with ``return_evicted=True`` (its own batches of new keys):
    the evicted keys and their values handed out as well (HKV's ``insert_and_evict``).
    On the CPU two more rows time a bounded table with a bucketed index
-   (``evict_window="bucket"``, HierarchicalKV's layout) the same ways.
+   (``evict_window="bucket"``, HierarchicalKV's layout) the same ways.  Then a
+   ``lookup`` of present keys in each table (the cost of the layouts to reads).
 2. Hit rates of a drifting Zipf stream (ids ``zipf(a) + drift * batch``, so the
    popular ids move) into a bounded table of ``--capacity`` keys with LRU and LFU,
    beside an exact LRU cache of the same size (an ``OrderedDict``): a hit is an id
@@ -102,7 +103,27 @@ def eviction_cost(args):
     tf = statistics.median(t_floor[1:]) if t_floor else None
     tk = [statistics.median(t[1:]) for t in (t_bucket, t_bucket_handed) if t]
     assert all(t.size() == n for t in tables[1:])
-    return tp, tb, th, tf, tk, plain.shards[0].n_full / plain.shards[0].capacity, fill
+    return tp, tb, th, tf, tk, plain.shards[0].n_full / plain.shards[0].capacity, fill, \
+        lookups(args, tables, sync, put)
+
+
+def lookups(args, tables, sync, put):
+    """Median seconds of a ``lookup`` of ``args.batch`` keys present in every table (the
+    bounded tables' last batch), each table in turn, ``args.repeats`` times."""
+    keys = tables[1].export()[0]
+    keys = keys[np.isin(keys, tables[-1].export()[0])][:args.batch]
+    keys = np.random.default_rng(1).permutation(keys)
+    for t in tables:
+        t.upsert(keys, np.zeros((keys.shape[0], args.dim), np.float32))  # (present in all)
+    times = [[] for _ in tables]
+    k = put(keys)
+    for _ in range(args.repeats + 1):
+        for j, t in enumerate(tables):
+            t0 = time.perf_counter()
+            t.lookup(k)
+            sync()
+            times[j].append(time.perf_counter() - t0)
+    return keys.shape[0], [statistics.median(t[1:]) for t in times]
 
 
 def rows_floor(plain, keys):
@@ -178,7 +199,7 @@ def main():
         args.keys, args.batch, args.repeats = 100_000, 10_000, 3
         args.stream, args.capacity = 200_000, 5_000
     import numba
-    tp, tb, th, tf, tk, load, fill = eviction_cost(args)
+    tp, tb, th, tf, tk, load, fill, (n_look, tl) = eviction_cost(args)
     print(f"keys {args.keys:,}; batch {args.batch:,} new keys; dim {args.dim}; evict "
           f"{args.evict}; device {args.device}; numba threads {numba.get_num_threads()}; "
           f"cpus {os.cpu_count()}; load average {os.getloadavg()[0]:.1f}; filling the "
@@ -203,6 +224,12 @@ def main():
     if tf:
         print(f"| floor: initial values into the batch's rows and the rows copied out, no index "
               f"| {args.batch / tf / 1e6:.2f} M/s | | 1.00x | |")
+    print()
+    print(f"| lookup of {n_look:,} present keys (dim {args.dim}) | keys/s | ratio to unbounded |")
+    print("|---|---|---|")
+    for name, t in zip(("unbounded table", "bounded table (32-slot window, linear probing)",
+                        "bounded table, bucketed index"), tl):
+        print(f"| {name} | {n_look / t / 1e6:.2f} M/s | {t / tl[0]:.2f}x |")
     if not args.stream or args.device != "cpu":
         return
     stream = drifting_zipf(args.stream, args.stream_batch, args.zipf, args.drift)

@@ -20,7 +20,7 @@ find, the inserts and the scores put back in one kernel) into a full table, or i
 one that the call cannot fill (a *fill*: a new key's row is handed out after the pass,
 in batch order), with the result of ``find_present``, :func:`bucket_insert` (the
 serial pass) and ``restore_scores``, whatever the threads.  100k new keys into a
-full 1M-key table took 1.44x the unbounded table's time (median; 2 threads; session
+full 1M-key table took 1.43x the unbounded table's time (median; 2 threads; session
 40 in ``benchmarks/HISTORY.md``).
 
 >>> import numpy as np
