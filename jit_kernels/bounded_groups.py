@@ -34,6 +34,25 @@ def stable_groups(ids, n_groups):
     return order, starts
 
 
+@inner
+def block_places(place):
+    """A counting sort's middle: ``place`` (blocks, groups) holds each block's count of
+    positions in each group; it gets each block's first place in each group (group by
+    group, a group's blocks in order) and the groups' starts (groups + 1,) are
+    returned."""
+    n_blocks, n_groups = place.shape
+    starts = np.empty(n_groups + 1, np.int64)
+    o = 0
+    for g in range(n_groups):
+        starts[g] = o
+        for c in range(n_blocks):
+            k = place[c, g]
+            place[c, g] = o
+            o += k
+    starts[n_groups] = o
+    return starts
+
+
 SORT_BLOCKS = 16     # blocks of positions by_range counts and places in parallel
 
 
@@ -59,15 +78,7 @@ def by_range(mask, keys, given, rows, where, n_ranges, with_given=True):
             g = (where[i] if rows[i] >= 0 else first_slot(keys[i], mask)) // span
             ids[i] = g
             place[c, g] += 1
-    starts = np.empty(n_ranges + 1, np.int64)
-    o = 0
-    for g in range(n_ranges):
-        starts[g] = o
-        for c in range(n_blocks):
-            k = place[c, g]
-            place[c, g] = o
-            o += k
-    starts[n_ranges] = o
+    starts = block_places(place)
     rank = np.empty(n, np.int64)
     k2, r2, w2 = np.empty_like(keys), np.empty_like(rows), np.empty_like(where)
     g2 = np.empty_like(given) if with_given else given

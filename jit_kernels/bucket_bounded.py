@@ -43,7 +43,7 @@ from numba import njit, prange
 
 from ._inner import inner
 from .bounded import CUSTOM, MAX, touched
-from .bounded_groups import REPORT_CHUNK, SORT_BLOCKS
+from .bounded_groups import REPORT_CHUNK, SORT_BLOCKS, block_places
 from .buckets import BUCKET, digests, free_slot, home, lowest, match, set_digest
 from .cpu_table import prefetch_read, prefetch_write
 from .lanes import low32, vectors
@@ -275,15 +275,7 @@ def by_stretch(mask, keys, given, n_stretches, with_given):
             g = ((hs[i] >> 8) // BUCKET) * n_stretches // nb
             ids[i] = g
             place[c, g] += 1
-    starts = np.empty(n_stretches + 1, np.int64)
-    o = 0
-    for g in range(n_stretches):
-        starts[g] = o
-        for c in range(n_blocks):
-            k = place[c, g]
-            place[c, g] = o
-            o += k
-    starts[n_stretches] = o
+    starts = block_places(place)
     rank, k2, h2 = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
     g2 = np.empty_like(given) if with_given else given
     for c in prange(n_blocks):

@@ -26,7 +26,7 @@ from . import cpu_table as _ct
 from ._inner import inner
 from ._twins import BySize, twin_of
 from .buckets import digests, erase, find, home, lowest
-from .cpu_table import prefetch_read, prefetch_write
+from .cpu_table import prefetch_at, prefetch_read
 
 __all__ = ["find_rows", "lookup", "lookup_rows", "erase_keys"]
 
@@ -41,11 +41,7 @@ def find_row(slots, mask, key):
 @inner
 def prefetch_slot(slots, mask, key, write):
     """Request the line of ``key``'s bucket's digests."""
-    off = 8 * (2 * (mask + 1) + (home(key, mask)[0] >> 2))
-    if write:
-        prefetch_write(slots, off)
-    else:
-        prefetch_read(slots, off)
+    prefetch_at(slots, 8 * (2 * (mask + 1) + (home(key, mask)[0] >> 2)), write)
 
 
 @inner

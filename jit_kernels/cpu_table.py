@@ -71,13 +71,18 @@ prefetch_later = _prefetch_intrinsic(0, 2)
 
 
 @inner
+def prefetch_at(arr, off, write):
+    """Request byte ``off`` of ``arr``'s data, to be written or read."""
+    if write:
+        prefetch_write(arr, off)
+    else:
+        prefetch_read(arr, off)
+
+
+@inner
 def prefetch_slot(slots, mask, key, write):
     """Request the home slot of ``key``."""
-    off = 2 * first_slot(key, mask) * slots.itemsize
-    if write:
-        prefetch_write(slots, off)
-    else:
-        prefetch_read(slots, off)
+    prefetch_at(slots, 2 * first_slot(key, mask) * slots.itemsize, write)
 
 
 @inner

@@ -87,6 +87,20 @@ def low32(typingctx, arr, o):
     return sig, codegen
 
 
+def _bytes_equal(context, builder, sig, args, n, align):
+    """An ``n``-bit integer whose bit t is set where byte t from item ``args[1]`` of the
+    array ``args[0]`` on equals the byte ``args[2]``: one load, one vector compare."""
+    vt = ir.VectorType(ir.IntType(8), n)
+    data = context.make_array(sig.args[0])(context, builder, args[0]).data
+    at = context.cast(builder, args[1], sig.args[1], types.int64)
+    byte = context.cast(builder, args[2], sig.args[2], types.uint8)
+    v = builder.load(builder.bitcast(builder.gep(data, [at]), vt.as_pointer()), align=align)
+    splat = builder.insert_element(ir.Constant(vt, ir.Undefined), byte, _I32(0))
+    splat = builder.shuffle_vector(splat, ir.Constant(vt, ir.Undefined),
+                                   ir.Constant(ir.VectorType(_I32, n), [0] * n))
+    return builder.bitcast(builder.icmp_unsigned("==", v, splat), ir.IntType(n))
+
+
 @intrinsic
 def eq32(typingctx, arr, o, d):
     """A uint32 whose bit t is set where ``arr[o + t] == d`` (t < 32), for a uint8
@@ -100,15 +114,7 @@ def eq32(typingctx, arr, o, d):
     def codegen(context, builder, sig, args):
         if builder.module.triple.startswith("nvptx"):   # (not reached: see low32)
             return _I32(0)
-        vt = ir.VectorType(ir.IntType(8), WIDTH)
-        data = context.make_array(sig.args[0])(context, builder, args[0]).data
-        at = context.cast(builder, args[1], sig.args[1], types.int64)
-        byte = context.cast(builder, args[2], sig.args[2], types.uint8)
-        v = builder.load(builder.bitcast(builder.gep(data, [at]), vt.as_pointer()), align=1)
-        splat = builder.insert_element(ir.Constant(vt, ir.Undefined), byte, _I32(0))
-        splat = builder.shuffle_vector(splat, ir.Constant(vt, ir.Undefined),
-                                       ir.Constant(ir.VectorType(_I32, WIDTH), [0] * WIDTH))
-        return builder.bitcast(builder.icmp_unsigned("==", v, splat), ir.IntType(WIDTH))
+        return _bytes_equal(context, builder, sig, args, WIDTH, 1)
 
     return sig, codegen
 
@@ -129,16 +135,7 @@ def even_eq32(typingctx, arr, o, d):
     def codegen(context, builder, sig, args):
         if builder.module.triple.startswith("nvptx"):   # (not reached: see low32)
             return _I32(0)
-        vt = ir.VectorType(ir.IntType(8), 2 * WIDTH)
-        data = context.make_array(sig.args[0])(context, builder, args[0]).data
-        at = context.cast(builder, args[1], sig.args[1], types.int64)
-        byte = context.cast(builder, args[2], sig.args[2], types.uint8)
-        v = builder.load(builder.bitcast(builder.gep(data, [at]), vt.as_pointer()), align=8)
-        splat = builder.insert_element(ir.Constant(vt, ir.Undefined), byte, _I32(0))
-        splat = builder.shuffle_vector(splat, ir.Constant(vt, ir.Undefined),
-                                       ir.Constant(ir.VectorType(_I32, 2 * WIDTH),
-                                                   [0] * (2 * WIDTH)))
-        bits = builder.bitcast(builder.icmp_unsigned("==", v, splat), _I64)
+        bits = _bytes_equal(context, builder, sig, args, 2 * WIDTH, 8)
         # keep the even words' bytes (bits 0-7, 16-23, 32-39, 48-55) and close the gaps
         bits = builder.and_(bits, _I64(0x00FF00FF00FF00FF))
         bits = builder.and_(builder.or_(bits, builder.lshr(bits, _I64(8))),
