@@ -66,11 +66,11 @@ from numba import njit, prange
 from ._inner import inner
 from .bounded_groups import REPORT_CHUNK, by_range, report, shifted
 from .bounded_rows import AHEAD, init_copy, range_rows, slot_row_one
+from .bounded_find import find_slot as _find, slot_ahead as _slot_ahead
 from .bounded_stream import stream_lines, stream_share
-from .buckets import digests, find as bucket_find, home as bucket_home, is_bucketed, lowest
 from .cpu_table import prefetch_probe, prefetch_read, prefetch_write, rehash
 from .lanes import WIDTH, low32, vectors
-from .slots import DELETED, EMPTY, first_slot, next_slot
+from .slots import DELETED, EMPTY, first_slot
 
 __all__ = ["find_present", "forget", "restore_scores", "sync_meta", "bounded_insert",
            "bounded_insert_ranges", "absent_count", "init_copy", "rehash_serial", "ranges_for",
@@ -109,21 +109,6 @@ def touched(policy, old, given, epoch, clock, fresh, keep):
     if keep:
         return np.int64(0) if fresh else old
     return given
-
-
-@inner
-def _find(slots, mask, key):
-    if is_bucketed(slots, mask):        # (jit_kernels.bucket_bounded's tables)
-        return bucket_find(slots, mask, key)
-    s = first_slot(key, mask)
-    for _ in range(mask + 1):
-        w = slots[2 * s + 1]
-        if w == EMPTY:
-            return -1
-        if w >= 0 and slots[2 * s] == key:
-            return s
-        s = next_slot(s, mask)
-    return -1
 
 
 @inner
@@ -234,24 +219,6 @@ def find_present(slots, mask, keys, rows, where, mscore, mark, batch, hold):
                     prefetch_write(mark, h * mark.itemsize)
                 prefetch_write(mscore, 8 * h)
         present_one(slots, mask, keys, rows, where, mscore, mark, batch, hold, i)
-
-
-@inner
-def _slot_ahead(slots, mask, key):
-    """Where :func:`find_present` will likely find ``key`` (-1: no guess), from the
-    lines requested for it: its home slot if the key is there; in a bucketed index
-    (:mod:`jit_kernels.buckets`), the first slot its digest matches (whose line is
-    requested too: its key is read next)."""
-    if is_bucketed(slots, mask):
-        o, d = bucket_home(key, mask)
-        m = digests(slots, mask, o, d)
-        if m == 0:
-            return np.int64(-1)
-        s = o + lowest(m)
-        prefetch_write(slots, 16 * s)
-        return s
-    h = first_slot(key, mask)
-    return h if slots[2 * h] == key else np.int64(-1)
 
 
 @inner
