@@ -49,7 +49,7 @@ from .cpu_table import prefetch_read, prefetch_write
 from .lanes import low32, vectors
 
 __all__ = ["bucket_insert", "bucket_insert_ranges", "by_stretch", "homes_of", "victim",
-           "place_all", "STANDIN"]
+           "STANDIN"]
 
 STANDIN = np.int64(1) << 52     # a fill's new key's row until rows are handed out:
 # STANDIN + its position (rows are below it: a bounded table holds at most 2**48 keys)
@@ -362,37 +362,3 @@ def bucket_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch, 
                 mscore[where[i]] = scores[slots[2 * where[i] + 1]]
     taken = made[m_c]
     return taken, evs[m_c], size + taken
-
-
-@njit(nogil=True, cache=True)
-def place_all(old_slots, slots, mask, scores, mscore, mark, dropped):
-    """Every key of the index ``old_slots`` (either layout; scanned in slot order) into
-    the empty bucketed index ``slots``, serially: the same layout whatever the threads.
-    A key whose bucket is full takes the slot of its bucket's lowest-scored key (by
-    ``scores``) if its own score is higher (first on ties), and the key that loses goes
-    to ``dropped`` (its row: the caller frees it).  ``mscore`` gets the placed keys'
-    scores (``MAX``: free), ``mark`` no call's marks.  Returns how many rows were
-    dropped."""
-    mscore[:] = MAX
-    mark[:] = 0
-    m = 0
-    for s in range(old_slots.shape[0] // 2):
-        r = old_slots[2 * s + 1]
-        if r < 0:
-            continue
-        key = old_slots[2 * s]
-        o, d = home(key, mask)
-        p = free_slot(slots, mask, o)
-        if p < 0:
-            p, low = victim(slots, o, mscore, mark, 1, MAX)
-            if p < 0 or scores[r] <= low:
-                dropped[m] = r
-                m += 1
-                continue
-            dropped[m] = slots[2 * p + 1]
-            m += 1
-        slots[2 * p] = key
-        slots[2 * p + 1] = r
-        set_digest(slots, mask, p, d)
-        mscore[p] = scores[r]
-    return m

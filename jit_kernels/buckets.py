@@ -32,13 +32,15 @@ inserts.
 (7, -1)
 """
 import numpy as np
+from numba import njit
+
 from ._inner import inner
 from .hashing import hash_key
 from .lanes import ctz, even_eq32, vectors
 from .slots import EMPTY
 
 __all__ = ["BUCKET", "empty_buckets", "bucket_capacity", "is_bucketed", "home", "digests",
-           "lowest", "match", "find", "free_slot", "place", "erase", "set_digest"]
+           "lowest", "match", "find", "free_slot", "place", "place_all", "erase", "set_digest"]
 
 BUCKET = 32
 _BYTE = np.int64(0xFF)
@@ -161,3 +163,16 @@ def erase(slots, mask, key):
     set_digest(slots, mask, s, 0)
     slots[2 * s + 1] = EMPTY
     return r
+
+
+@njit(nogil=True, cache=True)
+def place_all(pairs, slots, mask):
+    """Every key of ``pairs`` (an index of either layout, or a flat array of (key, row)
+    pairs: the full ones) into the bucketed index ``slots``, serially in their order:
+    the same layout whatever the threads.  Returns how many keys found their bucket
+    full (they are not placed)."""
+    m = 0
+    for s in range(pairs.shape[0] // 2):
+        if pairs[2 * s + 1] >= 0 and place(slots, mask, pairs[2 * s], pairs[2 * s + 1]) < 0:
+            m += 1
+    return m

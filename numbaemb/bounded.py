@@ -32,7 +32,7 @@ from jit_kernels import bounded as kb
 from jit_kernels import bounded_accum as ka
 from jit_kernels import bucket_bounded as bb
 from jit_kernels import bucket_reads as br
-from jit_kernels.buckets import BUCKET, bucket_capacity, empty_buckets
+from jit_kernels.buckets import BUCKET, bucket_capacity, empty_buckets, place_all
 from jit_kernels.initializers import ZEROS
 
 from ._arena import index_empty
@@ -108,10 +108,7 @@ class BoundedRows:
         if not self.bucketed:
             self._bk.rehash_serial(pairs, slots, slots.shape[0] // 2 - 1)
             return
-        dropped = np.empty(pairs.shape[0] // 2, np.int64)
-        mscore, mark = np.empty_like(self.mscore), np.empty_like(self.mark)
-        if bb.place_all(pairs, slots, bucket_capacity(slots) - 1, self._scores(), mscore,
-                        mark, dropped):
+        if place_all(pairs, slots, bucket_capacity(slots) - 1):
             raise ValueError(
                 f"a bucket of the bounded table's index (max_capacity={self.limit}) has no "
                 f"free slot for a key of the checkpoint: it was saved by a table with "
