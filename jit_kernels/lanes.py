@@ -87,6 +87,12 @@ def low32(typingctx, arr, o):
     return sig, codegen
 
 
+def _byte_args(arr, o, d, dtype):
+    """The types a byte compare takes: a flat ``dtype`` array, an integer offset and an
+    integer byte."""
+    return _flat(arr, dtype) and isinstance(o, types.Integer) and isinstance(d, types.Integer)
+
+
 def _bytes_equal(context, builder, sig, args, n, align):
     """An ``n``-bit integer whose bit t is set where byte t from item ``args[1]`` of the
     array ``args[0]`` on equals the byte ``args[2]``: one load, one vector compare."""
@@ -106,8 +112,7 @@ def eq32(typingctx, arr, o, d):
     """A uint32 whose bit t is set where ``arr[o + t] == d`` (t < 32), for a uint8
     ``arr``: one vector compare and no loop.  No bounds check: the caller keeps
     ``o + 32`` within ``arr``.  CPU only, as :func:`low32`."""
-    if not (_flat(arr, types.uint8) and isinstance(o, types.Integer)
-            and isinstance(d, types.Integer)):
+    if not _byte_args(arr, o, d, types.uint8):
         return None
     sig = types.uint32(arr, o, d)
 
@@ -127,8 +132,7 @@ def even_eq32(typingctx, arr, o, d):
     even words of one 64-byte line (the odd ones are free slots), in one vector compare
     and a few shifts.  No bounds check: the caller keeps ``o + 8`` within ``arr``.  CPU
     only, as :func:`low32`."""
-    if not (_flat(arr, types.int64) and isinstance(o, types.Integer)
-            and isinstance(d, types.Integer)):
+    if not _byte_args(arr, o, d, types.int64):
         return None
     sig = types.uint32(arr, o, d)
 
