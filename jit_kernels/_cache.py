@@ -104,7 +104,8 @@ class _PackageStamp:
             own = _hash_files(((self._py_file, st.st_mtime_ns, st.st_size),))
         except OSError:
             own = super().get_source_stamp()
-        return (own, fingerprint())
+        from .lanes import SCALAR       # (the CPU then compiles a GPU's scalar code)
+        return (own, fingerprint()) + (("scalar lanes",) if SCALAR else ())
 
 
 def _locators():

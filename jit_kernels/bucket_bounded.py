@@ -125,18 +125,20 @@ def _ahead(t, b, slots, mask, homes, rows, scores, mscore, mark, marks, full, ri
 @inner
 def _pass(a, b, slots, mask, keys, homes, given, scores, mscore, mark, batch, hold, rows,
           where, inserted, fs, free_rows, n_free, fresh_start, size, limit, policy, epoch,
-          clock, keep, ek, er, standin):
+          clock, keep, ek, er, standin, ring):
     """Positions t in ``[a, b)`` in that order (see the module doc and
     :func:`bucket_insert`): ``keys[t]``, ``homes[t]`` (:func:`homes_of`), the custom
     score ``given[t]``.  ``rows`` / ``where`` / ``inserted`` / ``ek`` / ``er`` / ``fs``
     are indexed by t too (``rows`` / ``where`` come from a find:
     -2 / -1 absent; they get the results; ``er[t]`` / ``ek[t]``: the row and key it
     evicted, -1: none).  ``standin``: a fill in stretches, a new key's row is
-    ``STANDIN + t`` and its score waits in ``fs[t]`` (repeats touch it there).
-    Returns ``(rows taken, size after)``.  One body for the CPU and the GPU."""
+    ``STANDIN + t`` and its score waits in ``fs[t]`` (repeats touch it there);
+    ``ring``: ``2 * LEAD`` int64 of work space.  Returns ``(rows taken, size after)``.
+    One body for the CPU and the GPU (:mod:`jit_kernels.cuda_buckets`)."""
     taken = 0
     marks = hold == MAX             # the call marks its keys (else its scores hold them)
-    ring = np.full(2 * LEAD, -1, np.int64)     # (no slot foreseen yet)
+    for j in range(2 * LEAD):
+        ring[j] = -1                # (no slot foreseen yet)
     for t in range(a, b):
         _ahead(t, b, slots, mask, homes, rows, scores, mscore, mark, marks, size >= limit,
                ring)
@@ -243,7 +245,8 @@ def bucket_insert(slots, mask, keys, given, scores, mscore, mark, batch, hold, r
         hs[i] = homes_of(keys[i], mask)
     taken, size = _pass(0, n, slots, mask, keys, hs, given, scores, mscore,
                         mark, batch, hold, rows, where, inserted, ek[:0], free_rows, n_free,
-                        fresh_start, size, limit, policy, epoch, clock, keep, ek, er, False)
+                        fresh_start, size, limit, policy, epoch, clock, keep, ek, er, False,
+                        np.empty(2 * LEAD, np.int64))
     m = 0
     for i in range(n):
         if er[i] >= 0:
@@ -320,7 +323,7 @@ def bucket_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch, 
             _find_pass(a, b, slots, mask, k2, h2, r2, w2, p2, mscore, mark, batch, hold)
             _pass(a, b, slots, mask, k2, h2, g2, scores, mscore, mark, batch, hold,
                   r2, w2, new2, fs, free_rows, 0, 0, s0, top, policy, epoch, clock, keep, ek,
-                  er, fill)
+                  er, fill, np.empty(2 * LEAD, np.int64))
             for t in range(a, b):       # one word a position for the way back
                 r, v = r2[t], w2[t]
                 if hold == MAX and not fill and v >= 0:     # (a fill: after its rows)

@@ -20,12 +20,18 @@ read 32 consecutive items of a C-contiguous 1-D array and refuse any other.
 >>> [t for t in range(32) if m >> t & 1][:6]
 [0, 1, 4, 5, 8, 9]
 """
+import os
+
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 LANES = 4          # int64 lanes a vector (AVX2's 256 bits; wider ones split in LLVM)
+# NUMBAEMB_SCALAR_LANES=1: vectors() is False on the CPU too, which then runs the scalar
+# code a GPU runs (tests/jit_kernels/test_scalar_lanes.py: that code checked without a
+# GPU); it is part of the on-disk cache's stamp (jit_kernels._cache)
+SCALAR = os.environ.get("NUMBAEMB_SCALAR_LANES") == "1"
 WIDTH = 32         # values low32 and eq32 read
 
 _I32, _I64 = ir.IntType(32), ir.IntType(64)
@@ -172,11 +178,12 @@ def ctz(typingctx, m):
 @intrinsic
 def vectors(typingctx):
     """True where the code is compiled for a CPU, False for a GPU (a constant the
-    compiler folds: a body shared with CUDA keeps its scalar code for the GPU)."""
+    compiler folds: a body shared with CUDA keeps its scalar code for the GPU) or
+    under ``NUMBAEMB_SCALAR_LANES=1`` (:data:`SCALAR`)."""
     sig = types.boolean()
 
     def codegen(context, builder, sig, args):
         gpu = builder.module.triple.startswith("nvptx")
-        return context.get_constant(types.boolean, not gpu)
+        return context.get_constant(types.boolean, not gpu and not SCALAR)
 
     return sig, codegen

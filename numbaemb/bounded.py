@@ -16,7 +16,8 @@ With ``evict_window="bucket"`` the index is bucketed (:mod:`jit_kernels.buckets`
 HierarchicalKV's layout): a key's window is its bucket of 32 slots, a full bucket
 evicts even while the table has room, a call runs the kernels of
 :mod:`jit_kernels.bucket_bounded` (a stretch of buckets a thread) and lookups those of
-:mod:`jit_kernels.bucket_reads`; evicting inserts are about 1.6x as fast (CPU only).
+:mod:`jit_kernels.bucket_reads` (on a GPU: :mod:`jit_kernels.cuda_buckets`, the same
+bodies); evicting inserts are about 1.6x as fast on the CPU.
 
 >>> import numpy as np, numbaemb as ne
 >>> v = ne.Variable(dim=1, max_capacity=2, evict="lru")
@@ -25,6 +26,8 @@ evicts even while the table has room, a call runs the kernels of
 >>> sorted(v.export()[0].tolist())
 [2, 3]
 """
+from types import SimpleNamespace
+
 import numba
 import numpy as np
 
@@ -52,14 +55,23 @@ def stretches_for():
     return numba.get_num_threads()
 
 
+# a bucketed index's kernels on the CPU (jit_kernels.cuda_buckets on a GPU: the same names)
+CPU_BUCKETS = SimpleNamespace(
+    bucket_insert=bb.bucket_insert, bucket_insert_ranges=bb.bucket_insert_ranges,
+    find_rows=br.find_rows, lookup=br.lookup, erase_keys=br.erase_keys, place_all=place_all,
+    empty_buckets=lambda cap: empty_buckets(cap, index_empty),
+    stretches_for=lambda cap: stretches_for())
+
+
 class BoundedRows:
     """A bounded shard's work, on the CPU (:class:`BoundedShard`) or a GPU
     (:class:`numbaemb.cuda_bounded.CudaBoundedShard`): the kernels come from ``_bk``
     (:mod:`jit_kernels.bounded` or :mod:`jit_kernels.cuda_bounded`, the same names and
-    results), arrays from the shard's ``_new`` / ``_full`` / ``_copy`` / ``_take`` /
-    ``_host``."""
+    results; a bucketed index's from ``_buckets``), arrays from the shard's ``_new`` /
+    ``_full`` / ``_copy`` / ``_take`` / ``_host``."""
 
     _bk = kb
+    _buckets = CPU_BUCKETS
 
     def _bounds(self, limit, policy, window):
         self.limit = int(limit)
@@ -85,7 +97,7 @@ class BoundedRows:
         # a fixed index at load <= 1/2 when full: room for the tombstones of removals
         # (evictions leave none) between rehashes; a bucketed one has the same slots
         cap = _index_capacity(1.5 * self.limit)
-        self.slots = empty_buckets(max(cap, BUCKET), index_empty) if self.bucketed \
+        self.slots = self._buckets.empty_buckets(max(cap, BUCKET)) if self.bucketed \
             else self._empty_index(cap)
         # per slot: a copy of its key's score (MAX: free, or a key of the running call)
         # and the number of the last call that touched it (see jit_kernels.bounded)
@@ -108,7 +120,7 @@ class BoundedRows:
         if not self.bucketed:
             self._bk.rehash_serial(pairs, slots, slots.shape[0] // 2 - 1)
             return
-        if place_all(pairs, slots, bucket_capacity(slots) - 1):
+        if self._buckets.place_all(pairs, slots, bucket_capacity(slots) - 1):
             raise ValueError(
                 f"a bucket of the bounded table's index (max_capacity={self.limit}) has no "
                 f"free slot for a key of the checkpoint: it was saved by a table with "
@@ -255,28 +267,30 @@ class BoundedRows:
         (the find, the inserts and the scores put back in one kernel), else
         ``find_present``, the serial pass and ``restore_scores``; returns how many keys
         were evicted."""
-        n = keys.shape[0]
+        bk, ops, n = self._bk, self._buckets, keys.shape[0]
         self._reserve_rows(n)                   # (may move the columns)
-        stretches = stretches_for()             # (the result does not depend on it)
+        stretches = ops.stretches_for(self.capacity)    # (the result does not depend on it)
         wide = n >= kb.RANGES_MIN and stretches > 1
         if not wide or self.n_full < self.limit:    # (a full table: no count needed)
-            kb.find_present(self.slots, self.mask, keys, rows, where, self.mscore,
+            bk.find_present(self.slots, self.mask, keys, rows, where, self.mscore,
                             self.mark, self._batch, hold)
             # a fill in stretches: the call cannot fill the table
-            wide = wide and self.n_full + kb.absent_count(rows) <= self.limit
+            wide = wide and self.n_full + bk.absent_count(rows) <= self.limit
         head = (self.slots, self.mask, keys, given, self._scores(), self.mscore, self.mark,
                 self._batch, hold, rows, where, inserted)
         rest = (self.free_rows, self.free_rows.shape[0], self.fresh, self.n_full)
         tail = (self.limit, self.policy, epoch, clock, keep, ev_keys, ev_rows)
+        kw = self._driver_kw()
         if wide:
             out = self._work("present", n, np.bool_) if present is None else present
-            taken, n_ev, size = bb.bucket_insert_ranges(*head, out, *rest, stretches, *tail)
+            taken, n_ev, size = ops.bucket_insert_ranges(*head, out, *rest, stretches, *tail,
+                                                         **kw)
         else:
             if present is not None:
                 self._present(rows, present)
-            taken, n_ev, size = bb.bucket_insert(*head, *rest, *tail)
+            taken, n_ev, size = ops.bucket_insert(*head, *rest, *tail, **kw)
             if hold == kb.MAX:
-                kb.restore_scores(self.slots, self.mask, keys, where, self._scores(),
+                bk.restore_scores(self.slots, self.mask, keys, where, self._scores(),
                                   self.mscore)
         self._take_rows(taken)
         self.n_full = size
@@ -284,14 +298,33 @@ class BoundedRows:
 
     def remove(self, keys):
         self._bk.forget(self.slots, self.mask, keys, self.mscore)
+        return super().remove(keys)
+
+    def _erase_keys(self, keys, freed):
         if not self.bucketed:
-            return super().remove(keys)
-        freed = np.empty(keys.shape[0], np.int64)   # (frees the slots: no tombstones)
-        br.erase_keys(self.slots, self.mask, keys, freed)
-        freed = freed[freed >= 0]
-        self.free_rows = np.concatenate([self.free_rows, freed])
-        self.n_full -= freed.shape[0]
-        return freed.shape[0]
+            return super()._erase_keys(keys, freed)
+        self._buckets.erase_keys(self.slots, self.mask, keys, freed)
+        return False                        # (frees the slots: no tombstones)
+
+    # ---- reads of a bucketed index: jit_kernels.bucket_reads' kernels ----------------
+    def lookup(self, keys, out, exists):
+        if not self.bucketed:
+            return super().lookup(keys, out, exists)
+        self._buckets.lookup(self.slots, self.mask, keys, self.values, out, exists,
+                             *self.columns["values"].init)
+
+    def find_rows(self, keys):
+        if not self.bucketed:
+            return super().find_rows(keys)
+        rows = self._new(keys.shape[0], np.int64)
+        self._buckets.find_rows(self.slots, self.mask, keys, rows)
+        return rows
+
+    def _count_absent(self, keys):
+        if not self.bucketed:
+            return super()._count_absent(keys)
+        return self._buckets.find_rows(self.slots, self.mask, keys,
+                                       self._work("probe", keys.shape[0], np.int64))
 
     def _init_new(self, rows, keys, inserted, skip=()):
         """(Rows -1, keys not admitted, are not inserted: the kernels pass them by.)"""
@@ -343,25 +376,6 @@ class BoundedShard(BoundedRows, Shard):
         out = np.empty((rows.shape[0], data.shape[1]), data.dtype)
         self._kernels.gather(data, rows, out)
         return out
-
-    # ---- reads of a bucketed index: jit_kernels.bucket_reads' kernels ----------------
-    def lookup(self, keys, out, exists):
-        if not self.bucketed:
-            return super().lookup(keys, out, exists)
-        br.lookup(self.slots, self.mask, keys, self.values, out, exists,
-                  *self.columns["values"].init)
-
-    def find_rows(self, keys):
-        if not self.bucketed:
-            return super().find_rows(keys)
-        rows = np.empty(keys.shape[0], np.int64)
-        br.find_rows(self.slots, self.mask, keys, rows)
-        return rows
-
-    def _count_absent(self, keys):
-        if not self.bucketed:
-            return super()._count_absent(keys)
-        return br.find_rows(self.slots, self.mask, keys, np.empty(keys.shape[0], np.int64))
 
     def upsert(self, keys, values, **kw):
         rows, inserted = self._insert(keys, **kw)

@@ -10,7 +10,9 @@ index (``bounded_insert_ranges``) when the table is full or the call cannot fill
 and on one thread for the call that fills it or calls under ``RANGES_MIN`` keys
 (unmeasured: no GPU yet).  Hybrid storage (``max_hbm_bytes``) splits every column
 but the scores (device memory, beside the index) as on any CUDA shard; admission
-filters and ``steps_to_live`` work as on any CUDA table.
+filters and ``steps_to_live`` work as on any CUDA table.  With ``evict_window="bucket"``
+the index is bucketed and a call runs :mod:`jit_kernels.cuda_buckets` (a thread a
+bucket).
 
 Example (needs a GPU or the simulator, so not a doctest)::
 
@@ -20,6 +22,7 @@ Example (needs a GPU or the simulator, so not a doctest)::
 import numpy as np
 
 from jit_kernels import cuda_bounded as kbc
+from jit_kernels import cuda_buckets
 from jit_kernels import cuda_table as k
 from jit_kernels.initializers import ZEROS
 
@@ -33,14 +36,12 @@ class CudaBoundedShard(BoundedRows, CudaShard):
     """A :class:`CudaShard` that never holds more than ``limit`` keys."""
 
     _bk = kbc
+    _buckets = cuda_buckets         # a bucketed index's (evict_window="bucket")
     _device_columns = (SCORE,)     # hybrid storage: the scores stay beside the index
 
     def __init__(self, dim, dtype, init, limit, policy, window, init_size=0,
                  device=0, max_hbm_bytes=None):
         self._bounds(limit, policy, window)
-        if self.bucketed:
-            raise ValueError("evict_window='bucket' (a bucketed index) is CPU only so far: "
-                             "a GPU table takes a window of slots (an int)")
         super().__init__(dim, dtype, init, min(int(init_size), self.limit), device,
                          max_hbm_bytes)
         self.add_column(SCORE, 1, np.int64, (ZEROS, 0.0, 0.0, 0, np.zeros(1)))
@@ -90,6 +91,14 @@ class CudaBoundedShard(BoundedRows, CudaShard):
     def remove(self, keys):
         with self.on():
             return BoundedRows.remove(self, keys)
+
+    def lookup(self, keys, out, exists):
+        with self.on():
+            return BoundedRows.lookup(self, keys, out, exists)
+
+    def find_rows(self, keys):
+        with self.on():
+            return BoundedRows.find_rows(self, keys)
 
     def accum(self, keys, old, new, exists, **kw):
         """See :meth:`numbaemb.bounded.BoundedShard.accum`: the same plan, each step a

@@ -264,7 +264,7 @@ class CudaShard(IndexedRows):
             return 0
         with self.on():
             freed = self._scratch.array("freed", n, np.int64)
-            k.erase_keys(self.slots, self.mask, keys, freed)
+            tombs = self._erase_keys(keys, freed)
             if self.n_free + n > self._free.shape[0]:
                 grown = self.cuda.device_array(max(self.n_free + n, 2 * self._free.shape[0]),
                                                np.int64)
@@ -274,7 +274,7 @@ class CudaShard(IndexedRows):
             m = k.compact_nonneg(freed, self._free, self.n_free)
             self.n_free += m
             self.n_full -= m
-            self.n_deleted += m
+            self.n_deleted += m if tombs else 0
             return m
 
     def export_rows(self):

@@ -103,6 +103,12 @@ class IndexedRows:
         kernel (a bounded shard places them serially, see :mod:`numbaemb.bounded`)."""
         self._kernels.rehash(pairs, slots, slots.shape[0] // 2 - 1)
 
+    def _erase_keys(self, keys, freed):
+        """Free each present key's slot: ``freed[i]`` = the row ``keys[i]`` released, else
+        -1.  Returns whether the freed slots became tombstones."""
+        self._kernels.erase_keys(self.slots, self.mask, keys, freed)
+        return True
+
     def _rehashed(self, cap):
         new = self._empty_index(cap)
         self._place(self.slots, new)
@@ -300,11 +306,11 @@ class Shard(IndexedRows):
     def remove(self, keys):
         """Remove present keys (absent ones are ignored); returns how many were removed."""
         freed = np.empty(keys.shape[0], np.int64)
-        k.erase_keys(self.slots, self.mask, keys, freed)
+        tombs = self._erase_keys(keys, freed)
         freed = freed[freed >= 0]
         self.free_rows = np.concatenate([self.free_rows, freed])
         self.n_full -= freed.shape[0]
-        self.n_deleted += freed.shape[0]
+        self.n_deleted += freed.shape[0] if tombs else 0
         return freed.shape[0]
 
     def export_rows(self):

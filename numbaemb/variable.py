@@ -103,8 +103,9 @@ class Variable:
         window wider than the index is the whole index), or ``"bucket"``: a bucketed
         index, HierarchicalKV's (:mod:`jit_kernels.bucket_bounded`; a key lives in one
         bucket of 32 slots and a new key evicts the lowest score of its bucket, also
-        when only the bucket is full; evicting inserts about 1.6x as fast; CPU only
-        so far).  ``evict`` and ``evict_window`` need ``max_capacity``.  A bounded table's index (with the
+        when only the bucket is full; evicting inserts about 1.6x as fast on the
+        CPU; on a GPU a thread a bucket, :mod:`jit_kernels.cuda_buckets`).  ``evict``
+        and ``evict_window`` need ``max_capacity``.  A bounded table's index (with the
         victim search's score copies) is allocated for ``max_capacity`` up front:
         50-100 bytes a key (50 at a power of two); rows are made as keys arrive.
       steps_to_live: None, or keep per key the optimizer step that last updated it, so
