@@ -125,7 +125,8 @@ def _tables_and_steps(ne, O, keys, rules, ids, grads):
 
 def _bounded_and_exchange(ne, O, keys, rules, ids, grads):
     """Bounded tables (fills, evictions in ranges and round two, custom scores, hybrid
-    storage, reloads) and a split table's exchange kernels."""
+    storage, reloads; a bucketed index's stretches) and a split table's exchange
+    kernels."""
     import tempfile
 
     from jit_kernels import bounded as kb
@@ -150,6 +151,12 @@ def _bounded_and_exchange(ne, O, keys, rules, ids, grads):
     r = ne.Variable(3, device="cuda", max_capacity=100, evict="lru", evict_window=2)
     r.find_or_insert(np.arange(150))
     r.find_or_insert(np.arange(6000, 6400))     # round two of the ranges (keys deferred)
+    u = ne.Variable(3, device="cuda", max_capacity=100, evict="custom", evict_window="bucket")
+    u.find_or_insert(np.arange(-40, 0), scores=np.arange(40))      # a fill in stretches
+    u.find_or_insert(np.arange(120), return_evicted="columns", scores=np.arange(120))  # serial
+    u.find_or_insert(np.arange(5000, 5050), return_evicted=True, scores=np.arange(50))
+    u.lookup(np.arange(20))
+    u.remove(np.arange(10))
     b.remove(np.arange(10))
     b.accum(keys, np.zeros((keys.size, 3), np.float32), np.ones((keys.size, 3), np.float32),
             np.arange(keys.size) % 2 == 0)
@@ -160,6 +167,8 @@ def _bounded_and_exchange(ne, O, keys, rules, ids, grads):
     with tempfile.TemporaryDirectory() as d:
         b.save(f"{d}/b.nbe")
         ne.Variable.load(f"{d}/b.nbe", device="cuda").find_or_insert(np.arange(3))
+        u.save(f"{d}/u.nbe")
+        ne.Variable.load(f"{d}/u.nbe", device="cuda").find_or_insert(np.arange(3))
     # a split GPU table's exchange (its kernels; the MPI part is tests/distributed's)
     for bits, unique in ((32, True), (64, False), (64, True)):
         send, counts, slot, first = cx.plan(cuda.to_device(keys), 3, bits, unique)

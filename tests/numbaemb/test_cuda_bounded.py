@@ -40,9 +40,13 @@ def same_state(gpu, cpu):
     assert gpu.size() == cpu.size() <= cpu.max_capacity
 
 
+WINDOWS = pytest.mark.parametrize("window", [8, "bucket"])   # a window of slots; a bucketed index
+
+
+@WINDOWS
 @pytest.mark.parametrize("policy", sorted(kb.POLICIES))
-def test_same_calls_same_table_as_the_cpu(policy):
-    gpu, cpu = pair(max_capacity=40, evict=policy, evict_window=8)
+def test_same_calls_same_table_as_the_cpu(policy, window):
+    gpu, cpu = pair(max_capacity=40, evict=policy, evict_window=window)
     rng = np.random.default_rng(len(policy))
     evicted = 0
     for step in range(8):
@@ -68,14 +72,15 @@ def test_same_calls_same_table_as_the_cpu(policy):
     assert evicted > 10
 
 
-@pytest.mark.parametrize("hybrid", [False, True], ids=["device", "hybrid"])
-def test_optimizer_steps_on_the_device_match_the_cpu(hybrid):
+@pytest.mark.parametrize("hybrid, window", [(False, 4), (True, 4), (False, "bucket")],
+                         ids=["device", "hybrid", "bucket"])
+def test_optimizer_steps_on_the_device_match_the_cpu(hybrid, window):
     """Adam steps on more ids than fit: evictions take the slots with them; ids the
     LFU table does not admit drop their gradients (rows -1 in the device's update).
     Hybrid storage: 120 bytes a column's rows in device memory (10 rows of values, 3
     once the slots count), the rest but the scores in mapped host memory."""
     rule = O.Adam(0.1)
-    gpu, cpu = pair(max_capacity=24, evict="lfu", evict_window=4,
+    gpu, cpu = pair(max_capacity=24, evict="lfu", evict_window=window,
                     max_hbm_bytes=120 if hybrid else None)
     rng = np.random.default_rng(1)
     for step in range(1, 7):
@@ -130,6 +135,34 @@ def test_a_table_runs_its_ranges_as_the_cpu_does(monkeypatch):
     assert made and not [where for where in made if "jit_kernels" in where], made
 
 
+@pytest.mark.parametrize("policy", ["lru", "custom"])
+def test_a_bucketed_table_runs_its_stretches_as_the_cpu_does(monkeypatch, policy):
+    """Fills in stretches (two, one with repeats of keys it inserts), the serial pass
+    of the call that fills the table, then evicting calls in stretches: a GPU thread
+    a bucket against the CPU's thread a half of the index."""
+    from jit_kernels import cuda_buckets
+    monkeypatch.setattr(kb, "RANGES_MIN", 64)
+    ran = []
+    real = cuda_buckets.bucket_insert_ranges
+    monkeypatch.setattr(cuda_buckets, "bucket_insert_ranges",
+                        lambda *a, **kw: ran.append(a[2].shape[0]) or real(*a, **kw))
+    gpu, cpu = pair(max_capacity=250, evict=policy, evict_window="bucket")
+    rng = np.random.default_rng(2)
+    fill = rng.integers(-2**40, 2**40, 300)
+    calls = [fill[:100], np.concatenate([fill[:20], fill[100:200], fill[150:160]]), fill[200:]]
+    calls += [np.concatenate([EXTREMES, rng.integers(-2**40, 2**40, 100), fill[:40], fill[:9]])
+              for _ in range(2)]
+    for keys in calls:
+        sc = rng.integers(0, 50, keys.shape[0]) if policy == "custom" else None
+        want = cpu.find_or_insert(keys, return_exists=True, return_evicted=True, scores=sc)
+        got = gpu.find_or_insert(keys, return_exists=True, return_evicted=True, scores=sc)
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(host(a), b)
+        same_state(gpu, cpu)
+    assert ran == [100, 130, 153, 153] and cpu.size() == 250
+    assert want[2].shape[0] > 30
+
+
 def allocations(monkeypatch):
     """Where device arrays are made from now on (the innermost frame in this repo)."""
     import os
@@ -152,10 +185,11 @@ def allocations(monkeypatch):
     return made
 
 
-def test_checkpoint_loads_onto_the_gpu_as_onto_the_cpu(tmp_path):
+@pytest.mark.parametrize("window", [4, "bucket"])
+def test_checkpoint_loads_onto_the_gpu_as_onto_the_cpu(tmp_path, window):
     """A saved CUDA bounded table loads onto a GPU and onto the CPU with one layout,
     scores and clocks: both then evict alike."""
-    gpu, _ = pair(max_capacity=30, evict="lfu", evict_window=4)
+    gpu, _ = pair(max_capacity=30, evict="lfu", evict_window=window)
     rng = np.random.default_rng(3)
     for _ in range(3):
         gpu.find_or_insert(rng.integers(-50, 50, 40))
@@ -175,11 +209,11 @@ def test_checkpoint_loads_onto_the_gpu_as_onto_the_cpu(tmp_path):
     same_state(on_gpu, on_cpu)
 
 
-@pytest.mark.parametrize("policy", ["lru", "lfu"])
-def test_accum_matches_the_cpu(policy):
+@pytest.mark.parametrize("policy, window", [("lru", 4), ("lfu", 4), ("lfu", "bucket")])
+def test_accum_matches_the_cpu(policy, window):
     """TFRA accum (batch order, repeats, exists flags, extreme keys) into a table that
     fills and evicts: each key acts once a call, at its first acting position."""
-    gpu, cpu = pair(max_capacity=16, evict=policy, evict_window=4)
+    gpu, cpu = pair(max_capacity=16, evict=policy, evict_window=window)
     rng = np.random.default_rng(5)
     for _ in range(5):
         keys = np.concatenate([EXTREMES, rng.integers(-12, 12, 16)]).astype(np.int64)
