@@ -40,7 +40,8 @@ from .lanes import ctz, even_eq32, vectors
 from .slots import EMPTY
 
 __all__ = ["BUCKET", "empty_buckets", "bucket_capacity", "is_bucketed", "home", "digests",
-           "lowest", "match", "find", "free_slot", "place", "place_all", "erase", "set_digest"]
+           "lowest", "match", "find", "free_slot", "place", "place_all", "place_by_score", "erase",
+           "set_digest"]
 
 BUCKET = 32
 _BYTE = np.int64(0xFF)
@@ -166,13 +167,40 @@ def erase(slots, mask, key):
 
 
 @njit(nogil=True, cache=True)
-def place_all(pairs, slots, mask):
+def place_all(pairs, slots, mask, over):
     """Every key of ``pairs`` (an index of either layout, or a flat array of (key, row)
     pairs: the full ones) into the bucketed index ``slots``, serially in their order:
-    the same layout whatever the threads.  Returns how many keys found their bucket
-    full (they are not placed)."""
+    the same layout whatever the threads.  A key whose bucket is full is not placed:
+    its pair goes to ``over`` (a flat array with room for them all, or empty: not
+    kept).  Returns how many keys found their bucket full."""
     m = 0
     for s in range(pairs.shape[0] // 2):
         if pairs[2 * s + 1] >= 0 and place(slots, mask, pairs[2 * s], pairs[2 * s + 1]) < 0:
+            if over.shape[0]:
+                over[2 * m], over[2 * m + 1] = pairs[2 * s], pairs[2 * s + 1]
             m += 1
     return m
+
+
+@njit(nogil=True, cache=True)
+def place_by_score(over, slots, mask, scores, freed, dropped):
+    """The pairs ``over`` (flat (key, row) pairs, ``place_all``'s overflow: their
+    buckets are full) in order: a key takes the slot of the lowest-scored key of its
+    bucket (``scores[row]``; the first on ties) when it scores higher, and that key is
+    dropped; else it is dropped itself.  ``freed[j]`` / ``dropped[j]``: the row and key
+    of the j-th dropped (one a pair)."""
+    for j in range(over.shape[0] // 2):
+        key, row = over[2 * j], over[2 * j + 1]
+        o, d = home(key, mask)
+        low, best = np.int64(0), np.int64(-1)
+        for t in range(BUCKET):
+            r = slots[2 * (o + t) + 1]
+            if r >= 0 and (best < 0 or scores[r] < low):
+                low, best = scores[r], o + t
+        if best >= 0 and scores[row] > low:
+            freed[j], dropped[j] = slots[2 * best + 1], slots[2 * best]
+            set_digest(slots, mask, best, 0)
+            slots[2 * best], slots[2 * best + 1] = key, row
+            set_digest(slots, mask, best, d)
+        else:
+            freed[j], dropped[j] = row, key

@@ -268,10 +268,10 @@ def empty_buckets(capacity):
     return ct.cuda_api().to_device(kb.empty_buckets(capacity))
 
 
-def place_all(pairs, slots, mask):
-    """See :func:`jit_kernels.buckets.place_all` (device arrays; placed on the host, in
-    the CPU's order, and copied back)."""
+def place_all(pairs, slots, mask, over):
+    """See :func:`jit_kernels.buckets.place_all` (``pairs`` / ``slots`` device arrays,
+    ``over`` a host one; placed on the host, in the CPU's order, and copied back)."""
     host = slots.copy_to_host()
-    full = kb.place_all(pairs.copy_to_host(), host, mask)
+    full = kb.place_all(pairs.copy_to_host(), host, mask, over)
     slots.copy_to_device(host)
     return full

@@ -26,6 +26,7 @@ bodies); evicting inserts are about 1.6x as fast on the CPU.
 >>> sorted(v.export()[0].tolist())
 [2, 3]
 """
+import warnings
 from types import SimpleNamespace
 
 import numba
@@ -35,7 +36,8 @@ from jit_kernels import bounded as kb
 from jit_kernels import bounded_accum as ka
 from jit_kernels import bucket_bounded as bb
 from jit_kernels import bucket_reads as br
-from jit_kernels.buckets import BUCKET, bucket_capacity, empty_buckets, place_all
+from jit_kernels.buckets import (BUCKET, bucket_capacity, empty_buckets, place_all,
+                                 place_by_score)
 from jit_kernels.initializers import ZEROS
 
 from ._arena import index_empty
@@ -103,6 +105,7 @@ class BoundedRows:
         # and the number of the last call that touched it (see jit_kernels.bounded)
         self.mscore = self._full(self.capacity, kb.MAX, np.int64)
         self.mark = self._full(self.capacity, 0, kb.MARK)
+        self._overflow, self.n_overflow = [], 0     # a load's keys whose bucket was full
 
     def nbytes(self):
         """Bytes held: the shard's, and the score copies and call marks beside the index."""
@@ -114,17 +117,38 @@ class BoundedRows:
     def _place(self, pairs, slots):
         """Keys placed serially in slot order: the same layout whatever the threads do,
         so evictions (which depend on the keys' neighbours in the index) are
-        reproducible, after a rehash or a checkpoint load, on the CPU or a GPU.  A
-        bucketed index refuses a key whose bucket is full (a checkpoint of a table with
-        another ``max_capacity``)."""
+        reproducible, after a rehash or a checkpoint load, on the CPU or a GPU.  In a
+        bucketed index a key whose bucket is full waits, with its row, for
+        :meth:`_settle_overflow` (keys saved from another layout: resharded)."""
         if not self.bucketed:
             self._bk.rehash_serial(pairs, slots, slots.shape[0] // 2 - 1)
             return
-        if self._buckets.place_all(pairs, slots, bucket_capacity(slots) - 1):
-            raise ValueError(
-                f"a bucket of the bounded table's index (max_capacity={self.limit}) has no "
-                f"free slot for a key of the checkpoint: it was saved by a table with "
-                f"another max_capacity; load it into one with a larger max_capacity")
+        over = np.empty(pairs.shape[0], np.int64)
+        m = self._buckets.place_all(pairs, slots, bucket_capacity(slots) - 1, over)
+        if m:       # (their rows are filled in too; _loaded places them by score)
+            self._overflow.append(over[:2 * m].copy())
+            self.n_overflow += m
+
+    def _settle_overflow(self):
+        """The loaded keys whose bucket was full (:meth:`_place`), now that their scores
+        are in: each displaces the lowest-scored key of its bucket when it scores
+        higher, as an insert evicts; the keys left out (as many) are dropped, with a
+        warning, and their rows freed."""
+        over, m = np.concatenate(self._overflow), self.n_overflow
+        self._overflow, self.n_overflow = [], 0
+        if np.unique(over[0::2]).shape[0] != m:
+            raise ValueError("the loaded keys hold duplicates")
+        slots, freed, dropped = self._host(self.slots), np.empty(m, np.int64), \
+            np.empty(m, np.int64)
+        place_by_score(over, slots, self.mask, self._host(self._scores()), freed, dropped)
+        if slots is not self.slots:
+            self._copy(self.slots, slots)
+        self._release_rows(freed)
+        self.n_full -= m
+        warnings.warn(f"{m} loaded keys did not fit the bounded table's bucketed index "
+                      f"(max_capacity={self.limit}: a bucket holds {BUCKET} keys and these "
+                      f"were saved from another layout); the lowest-scored key of each full "
+                      f"bucket was dropped, as an insert evicts", stacklevel=4)
 
     def _rehash(self, n_keys):
         """Clear the tombstones (the index keeps its size: it was made for ``limit``);
@@ -137,7 +161,10 @@ class BoundedRows:
 
     def _loaded(self):
         """Rebuild ``mscore`` / ``mark`` from the index and the score column (after a
-        rehash or a checkpoint load wrote them)."""
+        rehash or a checkpoint load wrote them; a load's keys whose bucket was full are
+        placed by score first)."""
+        if self._overflow:
+            self._settle_overflow()
         if SCORE in self.columns:
             self._bk.sync_meta(self.slots, self._scores(), self.mscore, self.mark)
             self._top = self._max_score()

@@ -265,17 +265,29 @@ class CudaShard(IndexedRows):
         with self.on():
             freed = self._scratch.array("freed", n, np.int64)
             tombs = self._erase_keys(keys, freed)
-            if self.n_free + n > self._free.shape[0]:
-                grown = self.cuda.device_array(max(self.n_free + n, 2 * self._free.shape[0]),
-                                               np.int64)
-                if self.n_free:
-                    grown[:self.n_free].copy_to_device(self._free[:self.n_free])
-                self._free = grown
+            self._free_room(n)
             m = k.compact_nonneg(freed, self._free, self.n_free)
             self.n_free += m
             self.n_full -= m
             self.n_deleted += m if tombs else 0
             return m
+
+    def _free_room(self, n):
+        """Room for ``n`` more rows in the free list."""
+        if self.n_free + n > self._free.shape[0]:
+            grown = self.cuda.device_array(max(self.n_free + n, 2 * self._free.shape[0]),
+                                           np.int64)
+            if self.n_free:
+                grown[:self.n_free].copy_to_device(self._free[:self.n_free])
+            self._free = grown
+
+    def _release_rows(self, rows):
+        """Rows ``rows`` (host int64) join the free list."""
+        self._free_room(rows.shape[0])
+        if rows.shape[0]:
+            self._free[self.n_free:self.n_free + rows.shape[0]].copy_to_device(
+                np.ascontiguousarray(rows, np.int64))
+        self.n_free += rows.shape[0]
 
     def export_rows(self):
         """(keys, rows) of every key, in slot order."""

@@ -308,10 +308,14 @@ class Shard(IndexedRows):
         freed = np.empty(keys.shape[0], np.int64)
         tombs = self._erase_keys(keys, freed)
         freed = freed[freed >= 0]
-        self.free_rows = np.concatenate([self.free_rows, freed])
+        self._release_rows(freed)
         self.n_full -= freed.shape[0]
         self.n_deleted += freed.shape[0] if tombs else 0
         return freed.shape[0]
+
+    def _release_rows(self, rows):
+        """Rows ``rows`` (host int64) join the free list."""
+        self.free_rows = np.concatenate([self.free_rows, rows])
 
     def export_rows(self):
         """(keys, rows) of every key, in row order (columns are then read in order)."""

@@ -51,6 +51,7 @@ owns ``de.Variable`` attributes inherits :class:`KerasTableSaving`.
 import base64
 import contextlib
 import json
+import warnings
 
 import numpy as np
 import tensorflow as tf
@@ -368,15 +369,24 @@ def restore_table_state(variable, state, _owned=None):
                     shard.add_column(name, width, dt, init)
         if names is not None:
             table.names = names
+        keys, values, cols = _best_first(table, keys, values, cols)
+        dropped = 0
         typed = keys.astype(table._id_dtype)
         a = table._arrays
         stored = values.view(table._store)         # 16-bit floats: their bits
         for shard, pos, k in table._parts(typed, a.from_host(keys)):
             rows, _ = shard.find_or_insert(k)      # every column gets its initial value
             at = slice(None) if pos is None else a.host(pos)
+            rows, at, lost = _taken(rows, at, k.shape[0])
+            dropped += lost
             _write_rows(shard, "values", rows, stored[at])
             for name, _, _, _, data in cols:
                 _write_rows(shard, name, rows, data[at])
+    if dropped:
+        warnings.warn(f"{dropped} restored keys did not fit the bucketed index of "
+                      f"{table.name or 'the table'} "
+                      f"(a bucket holds 32 keys; the state was saved from another layout): "
+                      f"the lowest-scored of each full bucket were dropped", stacklevel=2)
     forget = getattr(variable, "_forget_all", None)
     if forget is not None:                      # callable initializers' pending draws
         forget()
@@ -384,6 +394,29 @@ def restore_table_state(variable, state, _owned=None):
     _bounded_restored(table, cols, meta.get("bounded"))
     if admit is not None:
         table.admit = admit
+
+
+def _best_first(table, keys, values, cols):
+    """The state's keys, values and columns, the highest score first (the order a
+    bucketed bounded table takes them in: a full bucket keeps the first 32), when the
+    table is bucketed and the state has scores; else as they are."""
+    shard = table.shards[0]
+    score = [c[4] for c in cols if c[0] == "score"]
+    if not getattr(shard, "bucketed", False) or not score:
+        return keys, values, cols
+    order = np.argsort(-np.asarray(score[0]).reshape(-1), kind="stable")
+    return keys[order], values[order], [(*c[:4], c[4][order]) for c in cols]
+
+
+def _taken(rows, at, n):
+    """``(rows, at, dropped)``: the rows a shard's insert gave the ``n`` keys at the
+    state's positions ``at`` (a slice or an index array), but the keys it did not take
+    (row -1: a full bucket of a bucketed bounded table), and how many those were."""
+    host = rows if isinstance(rows, np.ndarray) else rows.copy_to_host()
+    ok = host >= 0
+    if ok.all():
+        return rows, at, 0
+    return host[ok], np.arange(n)[ok] if isinstance(at, slice) else at[ok], int((~ok).sum())
 
 
 def _bounded_restored(table, cols, saved):

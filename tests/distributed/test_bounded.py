@@ -157,6 +157,40 @@ def test_loading_more_keys_than_a_ranks_capacity_is_refused(tmp_path_factory):
     COMM.Barrier()
 
 
+def test_bucketed_ranks_load_into_one_process_by_score(tmp_path_factory):
+    """Resharding a bucketed table: every rank's keys of one bucket (20 a rank) meet in
+    one process's bucket of 32; the highest-scored stay, the rest are dropped with a
+    warning, and the kept keys keep their values."""
+    import pytest
+
+    from jit_kernels.bucket_bounded import homes_of
+    d = shared_tmpdir(tmp_path_factory)
+    v = ne.Variable(2, comm=COMM, name="bucket_ranks", max_capacity=400, evict="custom",
+                    evict_window="bucket", initializer=INIT)
+    mask, home = v.local.shards[0].mask, homes_of.python_twin()
+    cand = np.arange(400_000)
+    cand = cand[default_owners(cand, WORLD, 64) == RANK]
+    mine = np.array([k for k in cand[:60_000] if home(k, mask) >> 8 == 0][:20], np.int64)
+    everyone = np.concatenate(COMM.allgather(mine))
+    scores = (np.arange(everyone.shape[0]) * 7919) % 1000       # distinct, every rank alike
+    v.find_or_insert(everyone, scores=scores)
+    agree(v.local_size() == 20)
+    want_values = v.lookup(everyone)
+    v.save(d)
+    if WORLD * 20 > 32:
+        with pytest.warns(UserWarning, match="did not fit"):
+            one = ne.Variable.load(d)
+    else:
+        one = ne.Variable.load(d)
+    kept = everyone[np.argsort(-scores, kind="stable")[:32]]
+    got = one.export()[0]
+    agree(np.array_equal(np.sort(got), np.sort(kept)), "the 32 highest scores stay")
+    at = {int(k): i for i, k in enumerate(everyone)}
+    pos = np.array([at[int(k)] for k in kept])
+    agree(np.array_equal(one.lookup(kept), want_values[pos]), "the kept keys' values")
+    COMM.Barrier()
+
+
 def test_return_evicted_gives_each_rank_what_its_table_evicted():
     kw = dict(max_capacity=25, evict="lru", evict_window=8, initializer=INIT)
     v = ne.Variable(3, comm=COMM, name="evicting_split", **kw)

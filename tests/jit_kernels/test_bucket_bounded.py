@@ -226,8 +226,21 @@ def test_bucketed_lookups_erase_and_place_all():
     erase_keys(slots, cap - 1, keys[:3], freed)
     assert freed.tolist() == [0, 1, 2] and (_rows(slots, cap - 1, keys[:3]) == -1).all()
     small = bu.empty_buckets(32)                       # one bucket: 37 keys, 32 slots
-    assert bu.place_all(slots, small, 31) == keys.shape[0] - 3 - 32
+    over = np.empty(2 * keys.shape[0], np.int64)
+    m = bu.place_all(slots, small, 31, over)
+    assert m == keys.shape[0] - 3 - 32
     k2, r2 = export_slots(small, 2)
     old_k, old_r = export_slots(slots, 2)                # (in slot order: the first 32 fit)
     assert k2.tolist() == old_k[:32].tolist() and r2.tolist() == old_r[:32].tolist()
     assert (_rows(small, 31, old_k[:32]) == old_r[:32]).all()
+    assert over[0:2 * m:2].tolist() == old_k[32:].tolist()      # the rest, in order
+    assert over[1:2 * m:2].tolist() == old_r[32:].tolist()
+    # placed by score: a key scoring above the bucket's lowest takes its slot
+    scores = np.arange(keys.shape[0], dtype=np.int64)    # (by row: later rows score more)
+    freed, dropped = np.empty(m, np.int64), np.empty(m, np.int64)
+    bu.place_by_score(over[:2 * m], small, 31, scores, freed, dropped)
+    k3, r3 = export_slots(small, 2)
+    best = np.sort(np.concatenate([old_r]))[-32:]        # the 32 highest-scored rows stay
+    assert sorted(r3.tolist()) == best.tolist() and len(set(k3.tolist())) == 32
+    assert sorted(freed.tolist() + r3.tolist()) == sorted(old_r.tolist())
+    assert (_rows(small, 31, k3) == r3).all() and (_rows(small, 31, dropped) == -1).all()

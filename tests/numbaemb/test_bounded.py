@@ -532,17 +532,34 @@ def test_bucket_full_evicts_before_the_table_is():
     assert v.size() in (32, 33)
 
 
-def test_bucket_load_refuses_a_full_bucket():
-    """Placing a checkpoint's keys: a key whose bucket is full is a clear error, not a
-    lost key (a table of another max_capacity saved them)."""
-    v = ne.Variable(2, max_capacity=40, evict_window="bucket")
-    keys = _same_bucket_keys(v, 33)
-    pairs = np.empty(2 * 33, np.int64)
-    pairs[0::2], pairs[1::2] = keys, np.arange(33)
+def test_bucket_load_places_a_full_buckets_keys_by_score():
+    """Placing loaded keys (a checkpoint saved from another layout): a key whose bucket
+    is full waits for the scores, then displaces the bucket's lowest-scored key if it
+    scores higher; the keys left out are dropped with a warning, their rows freed."""
+    v = ne.Variable(2, max_capacity=60, evict="lfu", evict_window="bucket")
+    keys = _same_bucket_keys(v, 40)
+    scores = np.random.default_rng(3).permutation(40) + 10
     shard = v.shards[0]
-    shard._reserve_rows(33)
-    with pytest.raises(ValueError, match="no free slot"):
-        shard._place(pairs, shard.slots)
+    shard._reserve_rows(40)
+    pairs = np.empty(2 * 40, np.int64)
+    pairs[0::2], pairs[1::2] = keys, np.arange(40)
+    shard._place(pairs, shard.slots)
+    shard._take_rows(40)
+    assert shard.n_overflow == 8 and v.size() == 40
+    shard.columns["score"].data[:40, 0] = scores
+    shard.values[:40] = np.arange(40)[:, None]
+    with pytest.warns(UserWarning, match="8 loaded keys did not fit"):
+        shard._loaded()
+    kept = keys[np.argsort(-scores, kind="stable")[:32]]     # (distinct scores)
+    assert v.size() == 32 and shard.n_overflow == 0
+    assert sorted(v.export()[0].tolist()) == sorted(kept.tolist())
+    rows = shard.find_rows(keys)
+    np.testing.assert_array_equal(rows >= 0, np.isin(keys, kept))
+    np.testing.assert_array_equal(shard.values[rows[rows >= 0], 0], np.flatnonzero(rows >= 0))
+    assert sorted(shard.free_rows.tolist()) == sorted(set(range(40)) - set(rows.tolist()))
+    assert (shard.mscore[shard.mscore < kb.MAX] >= 10).all()
+    v.find_or_insert(np.arange(10 ** 6, 10 ** 6 + 8))      # the freed rows are reused
+    assert shard.fresh == 40 and v.size() <= 40
 
 
 @pytest.mark.parametrize("evict", ["lru", "lfu", "custom"])

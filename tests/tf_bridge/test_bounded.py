@@ -65,6 +65,38 @@ def test_restoring_more_keys_than_the_capacity_is_refused():
     assert int(small.size()) == 0
 
 
+@pytest.mark.parametrize("scored", [True, False], ids=["lfu-state", "unbounded-state"])
+def test_a_bucketed_table_restores_a_full_buckets_keys_by_score(scored):
+    """A state saved from another layout (a window of slots, or an unbounded table)
+    with 40 keys of one bucket restores into a bucketed table: the 32 highest-scored
+    (without scores: the first 32) keep their values and scores, the rest are dropped
+    with a warning, and no row is written twice."""
+    import numbaemb as ne
+    from jit_kernels.bucket_bounded import homes_of
+    from tf_bridge.checkpoint import restore_table_state, table_state
+    into = de.Variable(dim=2, name="bucketed_into", max_capacity=60, evict="lfu",
+                       evict_window="bucket")
+    mask = into.table.shards[0].mask
+    keys = np.array([k for k in range(200_000) if homes_of.python_twin()(k, mask) >> 8 == 0][:40])
+    src = ne.Variable(2, max_capacity=60, evict="lfu") if scored else ne.Variable(2)
+    src.upsert(keys, np.arange(80, dtype=np.float32).reshape(40, 2))
+    hits = np.random.default_rng(4).permutation(40)
+    for k, h in zip(keys, hits):            # key k scores 1 + h (distinct)
+        for _ in range(int(h) if scored else 0):
+            src.find_or_insert(np.array([k]))
+    with pytest.warns(UserWarning, match="8 restored keys did not fit"):
+        restore_table_state(into, table_state(src))
+    kept = keys[np.argsort(-hits, kind="stable")[:32]] if scored else keys[:32]
+    got, vals = into.table.export()
+    assert sorted(got.tolist()) == sorted(kept.tolist()) and into.table.size() == 32
+    at = {int(k): i for i, k in enumerate(keys)}
+    want = np.array([[2 * at[int(k)], 2 * at[int(k)] + 1] for k in got], np.float32)
+    np.testing.assert_array_equal(vals, want)
+    if scored:
+        _, scores = into.table.export("score")
+        np.testing.assert_array_equal(scores[:, 0], [1 + hits[at[int(k)]] for k in got])
+
+
 def test_an_evict_policy_without_max_capacity_is_refused():
     """A policy that never applies (the table grows) is an error, as in numbaemb."""
     with pytest.raises(ValueError, match="need max_capacity"):
