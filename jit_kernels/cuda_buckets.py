@@ -86,11 +86,10 @@ def add_kernels(kernels, cuda_module, body):
                size, limit, policy, epoch, clock, keep, ek, er, fill, out):
         """Thread g: positions ``starts[g]:starts[g + 1]`` (``find_first``: found and
         held first); ``out[g]`` = (rows taken, size after)."""
-        g = cuda.grid(1)
-        if g < starts.shape[0] - 1:
+        ring = cuda.local.array(ring_n, np.int64)
+        for g in range(cuda.grid(1), starts.shape[0] - 1, cuda.gridsize(1)):
             a, b = starts[g], starts[g + 1]
             if b > a:
-                ring = cuda.local.array(ring_n, np.int64)
                 if find_first:
                     find_pass(a, b, slots, mask, keys, homes, rows, where, found, mscore, mark,
                               batch, hold)
@@ -191,6 +190,8 @@ def bucket_insert(slots, mask, keys, given, scores, mscore, mark, batch, hold, r
     """See :func:`jit_kernels.bucket_bounded.bucket_insert` (one GPU thread, batch order;
     ``scratch``: a shard's sequence of scratches, the first used)."""
     K, sc, n = _k(), _scratch(scratch), keys.shape[0]
+    if not n:
+        return 0, 0, size
     hs, group = sc.array("k_hs", n, np.int64), sc.array("k_group", n, np.int64)
     ct._go(K.bucket_homes, n, keys, mask, hs, group)
     ek, er = sc.array("k_ek", n, np.int64), sc.array("k_er", n, np.int64)

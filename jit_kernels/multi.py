@@ -45,14 +45,16 @@ from numba import carray, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import bucket_reads as _buckets
 from ._inner import inner
+from ._twins import twin_of
 from .cpu_table import find_or_insert_rows as _find_or_insert, lookup_rows as _lookup
 from .initializers import init_row
 from .optimizers import (_prefetch, adagrad_row, adam_row, ftrl_row, rmsprop_row, sgd_row,
                          start_row)
 from .segment import _segment_sum_serial, _unique_serial_alloc
 
-__all__ = ["lookup_tables", "apply_tables", "addresses", "RULES"]
+__all__ = ["lookup_tables", "lookup_bucket_tables", "apply_tables", "addresses", "RULES"]
 
 _lookup_serial = _lookup.serial
 _find_or_insert_serial = _find_or_insert.serial
@@ -199,3 +201,10 @@ def _step_rows(rule, h, flag, s0, keys, sums, rows, inserted, values, a, b, c, v
         if inserted[i]:
             start_row(values[r], w0[i], a[r], b[r], c[r], s0)
         _update_row(rule, values[r], a[r], b[r], c[r], sums[i], h, flag)
+
+
+# the same kernel over tables with a bucketed index (jit_kernels.buckets): their lookup's
+# twin in place of the linear index's, compiled apart (on first use only; made last: a twin
+# takes a copy of this module's names)
+lookup_bucket_tables = twin_of(lookup_tables, "__buckets",
+                               {"_lookup_serial": _buckets.lookup_rows.serial})

@@ -28,7 +28,8 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from jit_kernels.multi import RULES, addresses, apply_tables, lookup_tables
+from jit_kernels.multi import (RULES, addresses, apply_tables, lookup_bucket_tables,
+                               lookup_tables)
 
 from . import _ahead, _checks
 from . import optimizers as opt
@@ -56,7 +57,6 @@ def fits(table) -> bool:
     """Whether ``table`` can take :func:`lookup_many`'s one-kernel path."""
     return (type(table) is Variable and table.device == "cpu" and table.num_shards == 1
             and type(table.shards[0]) in (Shard, BoundedShard) and table.key_range is None
-            and not getattr(table.shards[0], "bucketed", False)     # (its own kernels)
             and table._store == table.value_dtype and table.value_dtype.itemsize >= 4)
 
 
@@ -74,8 +74,8 @@ def lookup_many(tables, keys, unique=False, outs=None):
     for t, table in enumerate(tables):
         if not fits(table):
             raise ValueError(f"tables[{t}] cannot be looked up with others (a CPU table of one "
-                             "shard, int keys, 32/64-bit values, no key range, not a bucketed "
-                             "index); look it up on its own")
+                             "shard, int keys, 32/64-bit values, no key range); look it up "
+                             "on its own")
     if len(keys) != len(tables):
         raise ValueError(f"keys must have one array per table ({len(tables)}), got {len(keys)}")
     keys = [table._keys(k)[1] for table, k in zip(tables, keys)]       # checked, flat int64
@@ -86,12 +86,13 @@ def lookup_many(tables, keys, unique=False, outs=None):
     results = [None] * len(tables)
     groups = {}
     for t, table in enumerate(tables):
-        groups.setdefault(table.value_dtype, []).append(t)
+        bucketed = getattr(table.shards[0], "bucketed", False)     # (a kernel of its own)
+        groups.setdefault((table.value_dtype, bucketed), []).append(t)
     with contextlib.ExitStack() as stack:
         for table in sorted({id(t): t for t in tables}.values(), key=id):
             stack.enter_context(table._lock.read())
-        for group in groups.values():
-            _run(group, tables, keys, outs, unique, results)
+        for (_, bucketed), group in groups.items():
+            _run(group, tables, keys, outs, unique, results, bucketed)
     return results
 
 
@@ -101,7 +102,7 @@ def _initializer(shard):
     return kind, a, b, seed, np.ascontiguousarray(const, np.float64)
 
 
-def _run(group, tables, keys, outs, unique, results):
+def _run(group, tables, keys, outs, unique, results, bucketed):
     per_table, sizes, init = [], [], []
     for t in group:
         s, k, out = tables[t].shards[0], keys[t], outs[t]
@@ -118,7 +119,8 @@ def _run(group, tables, keys, outs, unique, results):
         init.append((s.mask, kind, a, b, seed))
     masks, kinds, a, b, seeds = (np.array(c) for c in zip(*init))
     n_uniq, n_absent = np.zeros(len(group), np.int64), np.zeros(len(group), np.int64)
-    lookup_tables(addresses(per_table), np.array(sizes, np.int64), masks.astype(np.int64),
+    kernel = lookup_bucket_tables if bucketed else lookup_tables
+    kernel(addresses(per_table), np.array(sizes, np.int64), masks.astype(np.int64),
                   kinds.astype(np.int64), a.astype(np.float64), b.astype(np.float64),
                   seeds.astype(np.int64), unique, n_uniq, n_absent, per_table[0][2][:0])
     for j, t in enumerate(group):

@@ -45,7 +45,9 @@ def tables_with_rows(seed):
     tables = [ne.Variable(dim=4, initializer=I.RandomNormal(stddev=0.1), seed=1),
               ne.Variable(dim=3, value_dtype=np.float64, initializer=I.RandomUniform(-1, 1), seed=2),
               ne.Variable(dim=5, initializer=1.5),
-              ne.Variable(dim=2, max_capacity=64, evict="lfu", initializer=I.RandomNormal())]
+              ne.Variable(dim=2, max_capacity=64, evict="lfu", initializer=I.RandomNormal()),
+              ne.Variable(dim=3, max_capacity=64, evict="lru", evict_window="bucket",
+                          initializer=I.RandomUniform(-1, 1), seed=3)]    # (a kernel of its own)
     for t in tables:
         k = np.concatenate([EXTREMES[::2], rng.integers(-50, 50, 40)])
         t.upsert(k, rng.standard_normal((k.size, t.dim)))
@@ -59,14 +61,15 @@ def test_equals_each_table_alone_with_extreme_keys_and_an_empty_batch(unique):
     keys = [np.concatenate([EXTREMES, rng.integers(-80, 80, 300)]),
             np.array(EXTREMES * 3).reshape(3, 4),                 # any shape: flattened
             np.empty(0, np.int64),
-            rng.integers(-80, 80, 200).astype(np.int32)]
+            rng.integers(-80, 80, 200).astype(np.int32),
+            np.concatenate([EXTREMES, rng.integers(-80, 80, 100)])]
     check_against_oracle(tables, keys, unique)
     assert [t.size() for t in tables] == [t.size() for t in tables_with_rows(0)]  # no insert
 
 
 @settings(max_examples=examples(25), deadline=None)
 @given(st.lists(st.lists(st.one_of(st.sampled_from(EXTREMES), st.integers(-60, 60)),
-                         max_size=40), min_size=4, max_size=4), st.booleans())
+                         max_size=40), min_size=5, max_size=5), st.booleans())
 def test_random_batches_equal_the_oracle(batches, unique):
     check_against_oracle(TABLES, [np.array(b, np.int64) for b in batches], unique)
 
