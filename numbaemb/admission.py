@@ -11,10 +11,10 @@ reports it absent, ``upsert`` drops its value, an optimizer step its gradient
 filtered.  Counts live outside the table:
 
 * :class:`CounterFilter`: exact counts in a bounded LRU table of ``capacity`` ids
-  (a ``numbaemb.Variable(1, value_dtype=int32, max_capacity=capacity)``): about
-  64 bytes per tracked id (index slots at load 1/2, the count, its score and the
-  score copy); an id pushed out of it starts again from 0.  An admitted id
-  leaves it.
+  (a ``numbaemb.Variable(1, value_dtype=int32, max_capacity=capacity)``, bucketed):
+  about 66 bytes per tracked id (index slots at load 1/2 with their digests, the
+  count, its score and the score copy); an id pushed out of it (the least recent of
+  its bucket) starts again from 0.  An admitted id leaves it.
 * :class:`BloomFilter`: a counting Bloom filter of ``m`` one-byte saturating
   counters and ``k`` hashes sized for ``capacity`` ids at ``error_rate``
   (``m = -capacity ln(p) / ln(2)^2``: 9.6 bytes per id at 1%); counts are upper

@@ -1,23 +1,22 @@
-"""Bounded shards: at most ``limit`` keys, the lowest-scored key of a window evicted.
+"""Bounded shards: at most ``limit`` keys, the lowest-scored key of a bucket or window evicted.
 
 ``Variable(dim, max_capacity=N, evict="lru")`` builds one :class:`BoundedShard`
-(see :mod:`jit_kernels.bounded` for the scores and the eviction rule).  Every
-inserting call (``find_or_insert``, ``upsert``, optimizer steps) runs the bounded
-kernels (serial, or in ranges of the index when the call has ``RANGES_MIN`` keys and
-the table is full or cannot fill in the call); lookups are the unbounded table's (they
-neither insert nor touch scores).  A key that is not admitted gets no row:
-``find_or_insert`` returns its initial values and reports it absent, ``upsert`` drops
-its value, an optimizer step drops its gradient.  An evicted key leaves with every
-column (optimizer slots too), and its row is reused; the evicted keys and their
-values of the last call are kept in ``last_evicted`` (``find_or_insert(...,
-return_evicted=True)`` returns them).
-
-With ``evict_window="bucket"`` the index is bucketed (:mod:`jit_kernels.buckets`,
-HierarchicalKV's layout): a key's window is its bucket of 32 slots, a full bucket
-evicts even while the table has room, a call runs the kernels of
-:mod:`jit_kernels.bucket_bounded` (a stretch of buckets a thread) and lookups those of
-:mod:`jit_kernels.bucket_reads` (on a GPU: :mod:`jit_kernels.cuda_buckets`, the same
-bodies); evicting inserts are about 1.6x as fast on the CPU.
+(see :mod:`jit_kernels.bounded` for the scores and the eviction rule).  Its index is
+bucketed by default (:mod:`jit_kernels.buckets`, HierarchicalKV's layout): a key's
+window is its bucket of 32 slots, a full bucket evicts even while the table has
+room, a call runs the kernels of :mod:`jit_kernels.bucket_bounded` (a stretch of
+buckets a thread) and lookups those of :mod:`jit_kernels.bucket_reads` (on a GPU:
+:mod:`jit_kernels.cuda_buckets`, the same bodies).  With ``evict_window=W`` (an int)
+the index is linear and a new key of a full table looks at W slots from its home
+(:mod:`jit_kernels.bounded`): serial, or in ranges of the index when the call has
+``RANGES_MIN`` keys and the table is full or cannot fill in the call; its evicting
+inserts are about 1.6x as slow on the CPU.  Every inserting call (``find_or_insert``,
+``upsert``, optimizer steps) runs these kernels; lookups neither insert nor touch
+scores.  A key that is not admitted gets no row: ``find_or_insert`` returns its
+initial values and reports it absent, ``upsert`` drops its value, an optimizer step
+drops its gradient.  An evicted key leaves with every column (optimizer slots too),
+and its row is reused; the evicted keys and their values of the last call are kept
+in ``last_evicted`` (``find_or_insert(..., return_evicted=True)`` returns them).
 
 >>> import numpy as np, numbaemb as ne
 >>> v = ne.Variable(dim=1, max_capacity=2, evict="lru")

@@ -233,10 +233,10 @@ class Variable(tf.__internal__.tracking.Trackable):
       bp_v2: optimizer steps add the weight change through ``accum`` (TFRA's bp_v2).
       num_shards, seed: numbaemb options (keyword only).
       max_capacity, evict, evict_window: a bounded table (keyword only): at most
-        ``max_capacity`` keys, an insert into a full table evicting the lowest-scored
-        key of its window (``evict``: "lru", "lfu", "epoch_lru", "epoch_lfu"; see
-        :mod:`numbaemb.bounded`; ``evict_window="bucket"``: HierarchicalKV's buckets,
-        see ``numbaemb.Variable``).
+        ``max_capacity`` keys, an insert into a full table (or bucket) evicting the
+        lowest-scored key of its bucket (``evict``: "lru", "lfu", "epoch_lru",
+        "epoch_lfu"; see :mod:`numbaemb.bounded`; ``evict_window``: "bucket" (default,
+        HierarchicalKV's buckets) or a window of slots, see ``numbaemb.Variable``).
         Optimizer steps drop the gradients of ids that were not admitted.
       admit: an admission filter (keyword only; :mod:`numbaemb.admission`).
       steps_to_live: keep each key's last update step (keyword only); :meth:`expire`

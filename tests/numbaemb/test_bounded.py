@@ -507,11 +507,13 @@ def _same_bucket_keys(v, n):
 
 
 def test_bucket_arguments():
-    v = ne.Variable(2, max_capacity=40, evict_window="bucket")
+    v = ne.Variable(2, max_capacity=40)                 # (the default layout)
     assert v.shards[0].bucketed and v.shards[0].capacity == 128     # (4 buckets)
-    assert "evict_window='bucket'" in repr(v)
+    assert v.evict_window == "bucket" and "evict_window" not in repr(v)
+    w = ne.Variable(2, max_capacity=40, evict_window=32)
+    assert not w.shards[0].bucketed and "evict_window=32" in repr(w)
     with pytest.raises(ValueError, match="need max_capacity"):
-        ne.Variable(2, evict_window="bucket")
+        ne.Variable(2, evict_window=32)
     with pytest.raises(ValueError, match="evict_window must be a positive int or 'bucket'"):
         ne.Variable(2, max_capacity=40, evict_window="buckets")
 
@@ -606,9 +608,10 @@ def test_bucket_lookup_paths_and_expiry():
     got, exists = v.lookup(probe, return_exists=True)
     np.testing.assert_array_equal(exists, want_exists)
     np.testing.assert_array_equal(got, want)
-    assert not multi.fits(v)            # (the kernel of several tables is not its layout's)
-    with pytest.raises(ValueError, match="not a bucketed index"):
-        multi.lookup_many([v], [probe])
+    assert multi.fits(v)                # (the kernel of several tables: its layout's twin)
+    both = multi.lookup_many([v, plain], [probe, probe])
+    np.testing.assert_array_equal(both[0].rows, want)
+    np.testing.assert_array_equal(both[0].exists, want_exists)
     ek, ev = v.export()
     assert sorted(ek.tolist()) == sorted(keys.tolist())
     v.remove(keys[:50])

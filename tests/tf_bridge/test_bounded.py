@@ -23,7 +23,7 @@ def model_with(cap, window=None):
     return model, emb
 
 
-@pytest.mark.parametrize("window", [None, "bucket"])
+@pytest.mark.parametrize("window", [None, 32])     # the default (buckets); a window of slots
 def test_bounded_layer_trains_within_capacity_and_checkpoints(tmp_path, window):
     model, emb = model_with(100, window)
     x = np.random.default_rng(0).integers(0, 400, (256, 4))
@@ -52,7 +52,7 @@ def test_bounded_layer_trains_within_capacity_and_checkpoints(tmp_path, window):
     loaded = keras.models.load_model(tmp_path / "m.keras")
     layer = loaded.get_layer("bounded_emb")
     assert layer.params.table.max_capacity == 100 and int(layer.params.size()) == int(table.size())
-    assert layer.params.table.evict_window == (32 if window is None else window)
+    assert layer.params.table.evict_window == ("bucket" if window is None else window)
 
 
 def test_restoring_more_keys_than_the_capacity_is_refused():
@@ -78,7 +78,8 @@ def test_a_bucketed_table_restores_a_full_buckets_keys_by_score(scored):
                        evict_window="bucket")
     mask = into.table.shards[0].mask
     keys = np.array([k for k in range(200_000) if homes_of.python_twin()(k, mask) >> 8 == 0][:40])
-    src = ne.Variable(2, max_capacity=60, evict="lfu") if scored else ne.Variable(2)
+    src = ne.Variable(2, max_capacity=60, evict="lfu", evict_window=32) if scored \
+        else ne.Variable(2)
     src.upsert(keys, np.arange(80, dtype=np.float32).reshape(40, 2))
     hits = np.random.default_rng(4).permutation(40)
     for k, h in zip(keys, hits):            # key k scores 1 + h (distinct)
