@@ -147,7 +147,8 @@ class BoundedRows:
         warnings.warn(f"{m} loaded keys did not fit the bounded table's bucketed index "
                       f"(max_capacity={self.limit}: a bucket holds {BUCKET} keys and these "
                       f"were saved from another layout); the lowest-scored key of each full "
-                      f"bucket was dropped, as an insert evicts", stacklevel=4)
+                      f"bucket was dropped, as an insert evicts (first dropped keys: "
+                      f"{dropped[:5].tolist()})", stacklevel=4)
 
     def _rehash(self, n_keys):
         """Clear the tombstones (the index keeps its size: it was made for ``limit``);

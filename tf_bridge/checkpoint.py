@@ -377,7 +377,7 @@ def restore_table_state(variable, state, _owned=None):
         for shard, pos, k in table._parts(typed, a.from_host(keys)):
             rows, _ = shard.find_or_insert(k)      # every column gets its initial value
             at = slice(None) if pos is None else a.host(pos)
-            rows, at, lost = _taken(rows, at, k.shape[0])
+            rows, at, lost = _taken(shard, rows, at, k.shape[0])
             dropped += lost
             _write_rows(shard, "values", rows, stored[at])
             for name, _, _, _, data in cols:
@@ -408,15 +408,18 @@ def _best_first(table, keys, values, cols):
     return keys[order], values[order], [(*c[:4], c[4][order]) for c in cols]
 
 
-def _taken(rows, at, n):
-    """``(rows, at, dropped)``: the rows a shard's insert gave the ``n`` keys at the
+def _taken(shard, rows, at, n):
+    """``(rows, at, dropped)``: the rows ``shard``'s insert gave the ``n`` keys at the
     state's positions ``at`` (a slice or an index array), but the keys it did not take
-    (row -1: a full bucket of a bucketed bounded table), and how many those were."""
-    host = rows if isinstance(rows, np.ndarray) else rows.copy_to_host()
+    (row -1: a full bucket of a bucketed bounded table), and how many those were; the
+    rows stay in the shard's memory."""
+    on_host = isinstance(rows, np.ndarray)
+    host = rows if on_host else rows.copy_to_host()
     ok = host >= 0
     if ok.all():
         return rows, at, 0
-    return host[ok], np.arange(n)[ok] if isinstance(at, slice) else at[ok], int((~ok).sum())
+    kept = host[ok] if on_host else shard.to_device(host[ok])
+    return kept, np.arange(n)[ok] if isinstance(at, slice) else at[ok], int((~ok).sum())
 
 
 def _bounded_restored(table, cols, saved):

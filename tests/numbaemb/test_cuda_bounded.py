@@ -209,6 +209,36 @@ def test_checkpoint_loads_onto_the_gpu_as_onto_the_cpu(tmp_path, window):
     same_state(on_gpu, on_cpu)
 
 
+def test_loaded_keys_of_a_full_bucket_are_placed_by_score_as_on_the_cpu():
+    """A load's keys beyond a bucket's 32 (saved from another layout) wait with their
+    rows, then displace the lowest scores of the bucket on the GPU as on the CPU."""
+    from jit_kernels.bucket_bounded import homes_of
+    gpu, cpu = pair(max_capacity=60, evict="lfu")
+    mask = cpu.shards[0].mask
+    keys = np.array([k for k in range(200_000) if homes_of.python_twin()(k, mask) >> 8 == 0][:40])
+    scores = np.random.default_rng(3).permutation(40) + 10
+    pairs = np.empty(80, np.int64)
+    pairs[0::2], pairs[1::2] = keys, np.arange(40)
+    for v in (gpu, cpu):
+        shard = v.shards[0]
+        shard._reserve_rows(40)
+        shard._place(pairs if v is cpu else shard.to_device(pairs), shard.slots)
+        shard._take_rows(40)
+        for name, data in (("score", scores.reshape(40, 1)),
+                           ("values", np.arange(120, dtype=np.float32).reshape(40, 3))):
+            col = shard.columns[name].data                 # (as a load writes them)
+            if v is cpu:
+                col[:40] = data
+            else:
+                col[:40].copy_to_device(np.ascontiguousarray(data))
+        with pytest.warns(UserWarning, match="8 loaded keys did not fit"):
+            shard._loaded()
+    same_state(gpu, cpu)
+    kept = keys[np.argsort(-scores, kind="stable")[:32]]
+    assert sorted(host(gpu.export()[0]).tolist()) == sorted(kept.tolist())
+    np.testing.assert_array_equal(host(gpu.lookup(keys)), cpu.lookup(keys))
+
+
 @pytest.mark.parametrize("policy, window", [("lru", 4), ("lfu", 4), ("lfu", "bucket")])
 def test_accum_matches_the_cpu(policy, window):
     """TFRA accum (batch order, repeats, exists flags, extreme keys) into a table that
