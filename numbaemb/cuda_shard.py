@@ -267,6 +267,9 @@ class CudaShard(IndexedRows):
             tombs = self._erase_keys(keys, freed)
             self._free_room(n)
             m = k.compact_nonneg(freed, self._free, self.n_free)
+            if m > 1:       # in row order, as on the CPU (the erase's credit is a race)
+                part = self._free[self.n_free:self.n_free + m]
+                part.copy_to_device(np.sort(part.copy_to_host()))
             self.n_free += m
             self.n_full -= m
             self.n_deleted += m if tombs else 0

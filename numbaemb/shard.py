@@ -307,7 +307,10 @@ class Shard(IndexedRows):
         """Remove present keys (absent ones are ignored); returns how many were removed."""
         freed = np.empty(keys.shape[0], np.int64)
         tombs = self._erase_keys(keys, freed)
-        freed = freed[freed >= 0]
+        # in row order: which position of a repeated key frees its row is a race between
+        # threads, the rows freed are not (the free list, and so later rows, are the same
+        # whatever the threads, and on a GPU)
+        freed = np.sort(freed[freed >= 0])
         self._release_rows(freed)
         self.n_full -= freed.shape[0]
         self.n_deleted += freed.shape[0] if tombs else 0
