@@ -320,6 +320,28 @@ for t in twins:
 co, go = np.argsort(ck), np.argsort(gk)
 assert np.array_equal(ck[co], gk[go]) and np.array_equal(cs[co], gs[go])
 assert len(set(range(100, 106)) & set(gk.tolist())) >= 5      # the new ids outrank the old
+# a window table's state into bucketed twins: 40 keys of one bucket, the 32 highest-scored
+# kept (rows -1 of the others skipped, on the device too), the same on the GPU as the CPU
+import warnings
+from jit_kernels.bucket_bounded import homes_of
+w_src = ne.Variable(2, max_capacity=60, evict="lfu", evict_window=32, seed=1)
+buckets = [ne.Variable(2, max_capacity=60, evict="lfu", seed=1, device=d) for d in ("cpu", "cuda")]
+mask = buckets[0].shards[0].mask
+same_bucket = np.array([k for k in range(100_000) if homes_of.python_twin()(k, mask) >> 8 == 0][:40])
+w_src.upsert(same_bucket, np.arange(80, dtype=np.float32).reshape(40, 2))
+for i, k in enumerate(same_bucket):
+    for _ in range(i % 7):
+        w_src.find_or_insert(np.array([k]))
+for t in buckets:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        restore_table_state(t, table_state(w_src))
+    assert any("8 restored keys did not fit" in str(c.message) for c in caught), caught
+(ck, cv), (gk, gv) = ((host(a) for a in t.export()) for t in buckets)
+co, go = np.argsort(ck), np.argsort(gk)
+assert ck.size == 32 and np.array_equal(ck[co], gk[go]) and np.array_equal(cv[co], gv[go])
+assert np.array_equal(cv[co], np.array([[2 * i, 2 * i + 1] for i in
+                      [int(np.flatnonzero(same_bucket == k)[0]) for k in ck[co]]], np.float32))
 print("restored into GPU tables")
 """
 
