@@ -167,12 +167,13 @@ def _scratch(scratch):
     return scratch[0] if scratch is not None else ct.Scratch()
 
 
-def _passes(starts, call, sc):
-    """Launch ``passes`` a thread a stretch of ``starts``; (g, 2) results on the host."""
+def _passes(starts, call, sc, results=True):
+    """Launch ``passes`` a thread a stretch of ``starts``; with ``results`` its (g, 2)
+    results on the host (a wait for the GPU; a call in stretches needs none)."""
     g = starts.shape[0] - 1
     out = sc.array("k_res", 2 * max(g, 1), np.int64).reshape((max(g, 1), 2))
     ct._go(_k().bucket_passes, g, starts, *call, out)
-    return out.copy_to_host()[:g]
+    return out.copy_to_host()[:g] if results else None
 
 
 def _evictions(at, ek, rows, ev_keys, ev_rows, sc):
@@ -224,7 +225,7 @@ def bucket_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch, 
     call = (True, slots, mask, k2, h2, g2, scores, mscore, mark, batch, hold, r2, w2, new2,
             p2, fs, free_rows, 0, 0, 0 if fill else limit, top, policy, epoch, clock, keep,
             ek, er, fill)
-    _passes(starts, call, sc)
+    _passes(starts, call, sc, results=False)
     made_at, at = sc.array("k_made_at", n, np.int64), sc.array("k_at", n, np.int64)
     ekb, fsb = sc.array("k_ekb", n, np.int64), sc.array("k_fsb", n, np.int64)
     ct._go(K.bucket_from_stretches, n, order, r2, w2, new2, p2, ek, er, fs, fill, rows,

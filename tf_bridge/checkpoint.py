@@ -58,6 +58,7 @@ import tensorflow as tf
 
 import numbaemb
 from numbaemb import _checks
+from numbaemb.bounded import BUCKET, SCORE
 
 __all__ = ["table_state", "restore_table_state", "KerasTableSaving", "STATE_NAMES", "saveable",
            "FORMAT"]
@@ -385,7 +386,8 @@ def restore_table_state(variable, state, _owned=None):
     if dropped:
         warnings.warn(f"{dropped} restored keys did not fit the bucketed index of "
                       f"{table.name or 'the table'} "
-                      f"(a bucket holds 32 keys; the state was saved from another layout): "
+                      f"(a bucket holds {BUCKET} keys; the state was saved from another "
+                      f"layout): "
                       f"the lowest-scored of each full bucket were dropped", stacklevel=2)
     forget = getattr(variable, "_forget_all", None)
     if forget is not None:                      # callable initializers' pending draws
@@ -401,7 +403,7 @@ def _best_first(table, keys, values, cols):
     bucketed bounded table takes them in: a full bucket keeps the first 32), when the
     table is bucketed and the state has scores; else as they are."""
     shard = table.shards[0]
-    score = [c[4] for c in cols if c[0] == "score"]
+    score = [c[4] for c in cols if c[0] == SCORE]
     if not getattr(shard, "bucketed", False) or not score:
         return keys, values, cols
     order = np.argsort(-np.asarray(score[0]).reshape(-1), kind="stable")
@@ -434,7 +436,7 @@ def _bounded_restored(table, cols, saved):
         epoch = saved.get("epoch")
         table._epoch = None if epoch is None else int(epoch)
         table._last_step = int(saved.get("last_step", table._last_step))
-    scores = next((c[4][:, 0] for c in cols if c[0] == "score"), None)
+    scores = next((c[4][:, 0] for c in cols if c[0] == SCORE), None)
     if scores is not None and scores.size and table.evict in ("lru", "epoch_lru"):
         low = scores if table.evict == "lru" else scores & 0xFFFFFFFF
         table._clock = max(table._clock, int(low.max()))
