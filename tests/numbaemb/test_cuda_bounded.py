@@ -72,8 +72,9 @@ def test_same_calls_same_table_as_the_cpu(policy, window):
     assert evicted > 10
 
 
-@pytest.mark.parametrize("hybrid, window", [(False, 4), (True, 4), (False, "bucket")],
-                         ids=["device", "hybrid", "bucket"])
+@pytest.mark.parametrize("hybrid, window", [(False, 4), (True, 4), (False, "bucket"),
+                                            (True, "bucket")],
+                         ids=["device", "hybrid", "bucket", "hybrid-bucket"])
 def test_optimizer_steps_on_the_device_match_the_cpu(hybrid, window):
     """Adam steps on more ids than fit: evictions take the slots with them; ids the
     LFU table does not admit drop their gradients (rows -1 in the device's update).
