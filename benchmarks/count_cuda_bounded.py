@@ -4,7 +4,7 @@ GPU) and host-side slices of device arrays (~25 us each in Numba on a real GPU),
 with the call site of each allocation and slice; and a digest of the results, so a
 change to the orchestration can be checked to keep them.
 
-    NUMBA_ENABLE_CUDASIM=1 python benchmarks/count_cuda_bounded.py [--keys 8192]
+    NUMBA_ENABLE_CUDASIM=1 python benchmarks/count_cuda_bounded.py [--keys 8192] [--window 32]
 
 A full table of ``--keys`` keys (2,048-key batches; 8,192 keys: 4 ranges) takes
 ``--calls`` evicting calls of new keys; the counts are the last call's.  About
@@ -81,7 +81,9 @@ def main():
     ap.add_argument("--keys", type=int, default=8192)
     ap.add_argument("--batch", type=int, default=2048)
     ap.add_argument("--calls", type=int, default=2)
+    ap.add_argument("--window", default="bucket", help="bucket (the default), or slots")
     args = ap.parse_args()
+    window = args.window if args.window == "bucket" else int(args.window)
     import numbaemb as ne
     from jit_kernels import bounded as kb
     from jit_kernels import cuda_table as ct
@@ -89,7 +91,7 @@ def main():
     n, b = args.keys, args.batch
     keys = np.random.default_rng(0).permutation(
         np.arange(n + args.calls * b, dtype=np.int64) * 7919 + 13)
-    v = ne.Variable(4, max_capacity=n, evict="lru", device="cuda")
+    v = ne.Variable(4, max_capacity=n, evict="lru", device="cuda", evict_window=window)
     for lo in range(0, n, b):
         v.find_or_insert(cuda.to_device(keys[lo:lo + b]))
     batches = [cuda.to_device(keys[n + i * b:n + (i + 1) * b]) for i in range(args.calls)]
@@ -101,7 +103,9 @@ def main():
         out, ev_keys, ev_values = v.find_or_insert(batch, return_evicted=True)
         for a in (out, ev_keys, ev_values):
             digest.update(np.asarray(a if isinstance(a, np.ndarray) else a.copy_to_host()))
-    print(f"keys {n:,}; batch {b:,}; ranges {kb.ranges_for(v.shards[0].capacity, 32)}; "
+    cut = f"buckets {v.shards[0].capacity // 32}" if window == "bucket" else \
+        f"ranges {kb.ranges_for(v.shards[0].capacity, window)}"
+    print(f"keys {n:,}; batch {b:,}; window {window}; {cut}; "
           f"the last of {args.calls} calls; results digest {digest.hexdigest()[:10]}")
     for name, c in sorted(counts.items(), key=lambda x: (x[0].startswith(" "), -x[1])):
         print(f"{c:5d} {name}")
