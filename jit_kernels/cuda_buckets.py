@@ -20,7 +20,8 @@ holds the keys, rows and scores of a CPU one after the same calls
    compacted positions that took one) and ``settle`` gives repeats their key's row
    and puts the score copies back; the evictions are compacted in batch order.
 
-Lookups run ``find_rows`` (a thread a key) and the bounded table's ``init_copy``;
+A lookup is one kernel, the linear index's with the bucket's find (a tile of lanes a
+key: each lane finds, then copies its columns of the row or of the initial value);
 removal runs on one thread (a slot's digest shares its word with 7 others); a
 checkpoint's keys are placed on the host (:func:`jit_kernels.buckets.place_all`,
 the CPU's serial order).  Unmeasured on a GPU so far.  Nothing here imports
@@ -36,10 +37,11 @@ Example (needs a GPU or the simulator, so not a doctest)::
 import numpy as np
 
 from . import bucket_bounded as bb
+from . import bucket_reads as br
 from . import buckets as kb
 from . import cuda_table as ct
 from .bounded import MAX
-from .cuda_bounded import _pair, absent_count, init_copy, nonneg
+from .cuda_bounded import _pair, absent_count
 
 __all__ = ["bucket_insert", "bucket_insert_ranges", "stretches_for", "find_rows", "lookup",
            "erase_keys", "place_all", "empty_buckets"]
@@ -52,14 +54,14 @@ def stretches_for(capacity):
     return max(1, capacity // kb.BUCKET)
 
 
-def add_kernels(kernels, cuda_module, body):
+def add_kernels(kernels, cuda_module, body, row_or_init):
     """Add the bucketed table's kernels (``bucket_*``) to ``kernels`` (called by
-    :func:`jit_kernels.cuda_kernels.build`)."""
+    :func:`jit_kernels.cuda_kernels.build`, which passes its lookup's row helper)."""
     global cuda
     cuda = cuda_module
     jit = cuda.jit
     find_pass, run_pass = body(bb._find_pass), body(bb._pass)
-    homes_of, find = body(bb.homes_of), body(kb.find)
+    homes_of, find_row = body(bb.homes_of), body(br.find_row)
     erase = body(kb.erase)
     ring_n, nb_bits, standin = 2 * bb.LEAD, kb.BUCKET.bit_length() - 1, bb.STANDIN
 
@@ -148,8 +150,17 @@ def add_kernels(kernels, cuda_module, body):
     @kernel
     def find_rows(slots, mask, keys, rows):
         for i in range(cuda.grid(1), keys.shape[0], cuda.gridsize(1)):
-            s = find(slots, mask, keys[i])
-            rows[i] = -1 if s < 0 else slots[2 * s + 1]
+            rows[i] = find_row(slots, mask, keys[i])
+
+    @kernel
+    def lookup(slots, mask, keys, values, spill, split, out, exists, kind, a, b, seed, const,
+               log_t):
+        """``cuda_table.lookup``'s kernel with the bucket's find."""
+        tid = cuda.grid(1)
+        lane = tid & ((1 << log_t) - 1)
+        for i in range(tid >> log_t, keys.shape[0], cuda.gridsize(1) >> log_t):
+            row_or_init(find_row(slots, mask, keys[i]), i, values, spill, split, keys, out,
+                        exists, kind, a, b, seed, const, lane, 1 << log_t)
 
     @kernel
     def erase_serial(slots, mask, keys, freed):
@@ -249,14 +260,9 @@ def find_rows(slots, mask, keys, rows):
 def lookup(slots, mask, keys, values, out, exists, kind, a, b, seed, const):
     """See :func:`jit_kernels.bucket_reads.lookup`: ``out[i]`` = the row of ``keys[i]``
     or its initial value, ``exists[i]`` which."""
-    n = keys.shape[0]
-    if not n:
-        return
-    rows = ct.cuda.device_array(max(n, 1), np.int64)[:n]
-    ct._go(_k().bucket_find_rows, n, slots, mask, keys, rows)
-    nonneg(rows, exists)
-    init_copy(values, rows, keys, ct.filled(n, False, np.bool_), exists, out, kind, a, b,
-              seed, const)
+    ct._rows(_k().bucket_lookup, keys.shape[0], out.shape[1], slots, mask, keys,
+             *ct._split(values), out, exists, kind, a, b, seed, const,
+             cols_per_lane=ct.COLS_PER_LANE_PROBING)
 
 
 def erase_keys(slots, mask, keys, freed):

@@ -551,7 +551,7 @@ def build(threads):
     from .cuda_bounded import add_kernels       # a bounded table's (bounded_*)
     add_kernels(kernels, cuda, _body, copy_row, init_cols, init_both)
     from .cuda_buckets import add_kernels as add_bucket_kernels     # bucket_*
-    add_bucket_kernels(kernels, cuda, _body)
+    add_bucket_kernels(kernels, cuda, _body, row_or_init)
     from .cuda_columns import add_kernels as add_column_kernels     # column_*
     add_column_kernels(kernels, cuda, _body)
     from .cuda_exchange import add_kernels as add_exchange_kernels   # exchange_*
