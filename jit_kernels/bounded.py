@@ -70,6 +70,7 @@ from .bounded_find import find_slot as _find, slot_ahead as _slot_ahead
 from .bounded_stream import stream_lines, stream_share
 from .cpu_table import prefetch_probe, prefetch_read, prefetch_write, rehash
 from .lanes import WIDTH, low32, vectors
+from .probing import nth_row
 from .slots import DELETED, EMPTY, first_slot
 
 __all__ = ["find_present", "forget", "restore_scores", "sync_meta", "bounded_insert",
@@ -445,8 +446,7 @@ def _pass(idx, a, b, slots, mask, keys, given, scores, mscore, mark, batch, hold
             if free == -2:          # a fill in ranges: the free slot is past the range's end
                 defer = True
             else:                   # (n_free < 0: a fill in ranges, the slot is the row)
-                r = free if n_free < 0 else free_rows[n_free - 1 - taken] if taken < n_free \
-                    else fresh_start + taken - n_free
+                r = free if n_free < 0 else nth_row(free_rows, n_free, fresh_start, taken)
                 taken += 1
                 size += 1
         else:

@@ -19,6 +19,7 @@ from numba import njit, prange
 from ._inner import inner
 from .cpu_table import ROWS_AHEAD, prefetch_read, prefetch_row, prefetch_write
 from .initializers import init_row
+from .probing import nth_row
 
 AHEAD = 8            # keys whose index slots are requested ahead of their turn
 
@@ -52,8 +53,7 @@ def range_rows(starts, g, base, slots, rows, where, inserted, deferred, scores, 
             continue
         p = where[t]
         if inserted[t]:
-            slots[2 * p + 1] = free_rows[n_free - 1 - k] if k < n_free \
-                else fresh_start + k - n_free
+            slots[2 * p + 1] = nth_row(free_rows, n_free, fresh_start, k)
             k += 1
         r = slots[2 * p + 1]
         rows[t] = r

@@ -47,6 +47,7 @@ from .bounded_groups import REPORT_CHUNK, SORT_BLOCKS, block_places
 from .buckets import BUCKET, digests, free_slot, home, lowest, match, set_digest
 from .cpu_table import prefetch_read, prefetch_write
 from .lanes import low32, vectors
+from .probing import nth_row
 
 __all__ = ["bucket_insert", "bucket_insert_ranges", "by_stretch", "homes_of", "victim",
            "STANDIN"]
@@ -168,8 +169,7 @@ def _pass(a, b, slots, mask, keys, homes, given, scores, mscore, mark, batch, ho
                 r = STANDIN + t
                 fs[t] = score
             else:
-                r = free_rows[n_free - 1 - taken] if taken < n_free \
-                    else fresh_start + taken - n_free
+                r = nth_row(free_rows, n_free, fresh_start, taken)
                 scores[r] = score
             taken += 1
             size += 1
@@ -197,6 +197,19 @@ def _pass(a, b, slots, mask, keys, homes, given, scores, mscore, mark, batch, ho
         where[t] = s
         inserted[t] = True
     return taken, size
+
+
+@inner(inline="always")
+def settle(slots, rows, where, scores, mscore, hold, i):
+    """Position ``i`` after a fill's rows are handed out: a stand-in row becomes its
+    key's row; its slot's score copy goes back (``hold`` MAX: the call marked its
+    keys).  One body for the CPU and the GPU."""
+    s = where[i]
+    if s >= 0:
+        if rows[i] >= STANDIN:
+            rows[i] = slots[2 * s + 1]
+        if hold == MAX:
+            mscore[s] = scores[slots[2 * s + 1]]
 
 
 @inner
@@ -349,7 +362,7 @@ def bucket_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch, 
             if fill:
                 where[i] = w2[t]
                 if r >= STANDIN and (w >> _NEW) & 1:
-                    r = free_rows[n_free - 1 - k] if k < n_free else fresh_start + k - n_free
+                    r = nth_row(free_rows, n_free, fresh_start, k)
                     slots[2 * w2[t] + 1] = r
                     scores[r] = fs[t]
                     k += 1
@@ -359,9 +372,6 @@ def bucket_insert_ranges(slots, mask, keys, given, scores, mscore, mark, batch, 
                 e += 1
     if fill:
         for i in prange(n):             # (after: a repeat's row is its key's new one)
-            if rows[i] >= STANDIN:
-                rows[i] = slots[2 * where[i] + 1]
-            if hold == MAX and where[i] >= 0:
-                mscore[where[i]] = scores[slots[2 * where[i] + 1]]
+            settle(slots, rows, where, scores, mscore, hold, i)
     taken = made[m_c]
     return taken, evs[m_c], size + taken

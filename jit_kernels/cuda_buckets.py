@@ -40,8 +40,8 @@ from . import bucket_bounded as bb
 from . import bucket_reads as br
 from . import buckets as kb
 from . import cuda_table as ct
-from .bounded import MAX
 from .cuda_bounded import _pair, absent_count
+from .probing import nth_row as nth_row_cpu
 
 __all__ = ["bucket_insert", "bucket_insert_ranges", "stretches_for", "find_rows", "lookup",
            "erase_keys", "place_all", "empty_buckets"]
@@ -62,6 +62,7 @@ def add_kernels(kernels, cuda_module, body, row_or_init):
     jit = cuda.jit
     find_pass, run_pass = body(bb._find_pass), body(bb._pass)
     homes_of, find_row = body(bb.homes_of), body(br.find_row)
+    settle_one, nth_row = body(bb.settle), body(nth_row_cpu)
     erase = body(kb.erase)
     ring_n, nb_bits, standin = 2 * bb.LEAD, kb.BUCKET.bit_length() - 1, bb.STANDIN
 
@@ -119,7 +120,7 @@ def add_kernels(kernels, cuda_module, body, row_or_init):
         """The j-th position of ``made`` (batch order) takes the j-th new row."""
         for j in range(cuda.grid(1), made.shape[0], cuda.gridsize(1)):
             i = made[j]
-            r = free_rows[n_free - 1 - j] if j < n_free else fresh_start + j - n_free
+            r = nth_row(free_rows, n_free, fresh_start, j)
             slots[2 * where[i] + 1] = r
             scores[r] = fsb[i]
             rows[i] = r
@@ -129,12 +130,7 @@ def add_kernels(kernels, cuda_module, body, row_or_init):
         """A repeat of a fill's new key takes its row; the held slots' score copies go
         back (``hold`` MAX: the call marked its keys)."""
         for i in range(cuda.grid(1), rows.shape[0], cuda.gridsize(1)):
-            s = where[i]
-            if s >= 0:
-                if rows[i] >= standin:
-                    rows[i] = slots[2 * s + 1]
-                if hold == MAX:
-                    mscore[s] = scores[slots[2 * s + 1]]
+            settle_one(slots, rows, where, scores, mscore, hold, i)
 
     @kernel
     def evicted_at(er, at):

@@ -79,6 +79,13 @@ def find_row_x4(slots, mask, key):
     return -1
 
 
+@inner(inline="always")
+def nth_row(free_rows, n_free, fresh_start, c):
+    """The ``c``-th row a call hands out: the free list's first (top down), then fresh
+    rows from ``fresh_start``."""
+    return free_rows[n_free - 1 - c] if c < n_free else fresh_start + (c - n_free)
+
+
 @inner
 def take_row(alloc, free_rows, n_free, fresh_start):
     """Hand out one row: first from the free list (top down), then fresh rows.
@@ -86,10 +93,7 @@ def take_row(alloc, free_rows, n_free, fresh_start):
     ``alloc[0]`` counts rows handed out during this launch (on CUDA one atomic per
     warp, see :func:`jit_kernels.atomics.claim`).
     """
-    c = claim(alloc, 0)
-    if c < n_free:
-        return free_rows[n_free - 1 - c]
-    return fresh_start + (c - n_free)
+    return nth_row(free_rows, n_free, fresh_start, claim(alloc, 0))
 
 
 @inner
