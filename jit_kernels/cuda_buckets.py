@@ -54,9 +54,9 @@ def stretches_for(capacity):
     return max(1, capacity // kb.BUCKET)
 
 
-def add_kernels(kernels, cuda_module, body, row_or_init):
+def add_kernels(kernels, cuda_module, body, lookup_with):
     """Add the bucketed table's kernels (``bucket_*``) to ``kernels`` (called by
-    :func:`jit_kernels.cuda_kernels.build`, which passes its lookup's row helper)."""
+    :func:`jit_kernels.cuda_kernels.build`, which passes its lookup kernel's maker)."""
     global cuda
     cuda = cuda_module
     jit = cuda.jit
@@ -148,15 +148,7 @@ def add_kernels(kernels, cuda_module, body, row_or_init):
         for i in range(cuda.grid(1), keys.shape[0], cuda.gridsize(1)):
             rows[i] = find_row(slots, mask, keys[i])
 
-    @kernel
-    def lookup(slots, mask, keys, values, spill, split, out, exists, kind, a, b, seed, const,
-               log_t):
-        """``cuda_table.lookup``'s kernel with the bucket's find."""
-        tid = cuda.grid(1)
-        lane = tid & ((1 << log_t) - 1)
-        for i in range(tid >> log_t, keys.shape[0], cuda.gridsize(1) >> log_t):
-            row_or_init(find_row(slots, mask, keys[i]), i, values, spill, split, keys, out,
-                        exists, kind, a, b, seed, const, lane, 1 << log_t)
+    kernels["bucket_lookup"] = jit(lookup_with(find_row))  # (cuda_table's, the bucket's find)
 
     @kernel
     def erase_serial(slots, mask, keys, freed):

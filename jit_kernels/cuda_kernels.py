@@ -202,24 +202,21 @@ def build(threads):
         if lane == 0:
             exists[i] = r >= 0
 
-    @kernel
-    def lookup(slots, mask, keys, values, spill, split, out, exists, kind, a, b, seed, const,
-               log_t):
-        tid = cuda.grid(1)
-        lane = tid & ((1 << log_t) - 1)
-        for i in range(tid >> log_t, keys.shape[0], cuda.gridsize(1) >> log_t):
-            row_or_init(find_row(slots, mask, keys[i]), i, values, spill, split, keys, out,
-                        exists, kind, a, b, seed, const, lane, 1 << log_t)
+    def lookup_with(find):
+        """The lookup kernel with ``find(slots, mask, key)`` -> row or -1 as its find: a
+        tile of lanes a key, each lane finding it, then copying its columns."""
+        def lookup(slots, mask, keys, values, spill, split, out, exists, kind, a, b, seed,
+                   const, log_t):
+            tid = cuda.grid(1)
+            lane = tid & ((1 << log_t) - 1)
+            for i in range(tid >> log_t, keys.shape[0], cuda.gridsize(1) >> log_t):
+                row_or_init(find(slots, mask, keys[i]), i, values, spill, split, keys, out,
+                            exists, kind, a, b, seed, const, lane, 1 << log_t)
+        return lookup
 
-    @kernel
-    def lookup_x4(slots, mask, keys, values, spill, split, out, exists, kind, a, b, seed,
-                  const, log_t):
-        """``lookup`` with the probe that reads four slots a step (``find_row_x4``)."""
-        tid = cuda.grid(1)
-        lane = tid & ((1 << log_t) - 1)
-        for i in range(tid >> log_t, keys.shape[0], cuda.gridsize(1) >> log_t):
-            row_or_init(find_row_x4(slots, mask, keys[i]), i, values, spill, split, keys, out,
-                        exists, kind, a, b, seed, const, lane, 1 << log_t)
+    kernels["lookup"] = jit(lookup_with(find_row))
+    # the probe that reads four slots a step
+    kernels["lookup_x4"] = jit(lookup_with(find_row_x4))
 
     @kernel
     def find_rows(slots, mask, keys, rows, missing):
@@ -551,7 +548,7 @@ def build(threads):
     from .cuda_bounded import add_kernels       # a bounded table's (bounded_*)
     add_kernels(kernels, cuda, _body, copy_row, init_cols, init_both)
     from .cuda_buckets import add_kernels as add_bucket_kernels     # bucket_*
-    add_bucket_kernels(kernels, cuda, _body, row_or_init)
+    add_bucket_kernels(kernels, cuda, _body, lookup_with)
     from .cuda_columns import add_kernels as add_column_kernels     # column_*
     add_column_kernels(kernels, cuda, _body)
     from .cuda_exchange import add_kernels as add_exchange_kernels   # exchange_*
