@@ -52,11 +52,11 @@ batch callbacks), ``--repeats`` times, the two models alternating so that
 both see the same load; the median chunk is reported.  Predict: one untimed
 call, then ``--predict-steps`` batches timed the same way.
 
-Breakdown: a fresh numbaemb model trains ``--warmup`` steps and then
-``--profile-steps`` steps under ``tf.profiler`` with timers around the
-numpy-side pieces (``time.perf_counter`` inside each ``tf.numpy_function``).
-TF op times come from the profile; "hand-off" is each ``tf.numpy_function``
-op's time minus the time spent inside its Python function (GIL, numpy views
+Breakdown: after its timed chunks (so with the table the timed steps had), each
+numbaemb model's step is traced again with timers around the numpy-side pieces,
+trains 3 steps and then ``--profile-steps`` steps under ``tf.profiler`` (the
+timers: ``time.perf_counter`` inside each ``tf.numpy_function``).  TF op times
+come from the profile; "hand-off" is each ``tf.numpy_function`` op's time minus the time spent inside its Python function (GIL, numpy views
 of the inputs, tensors of the outputs).  Ops may overlap on two cores, so the
 pieces need not add up to the step.  The machine is shared: numbers are wall
 times under the load printed below; compare the ratios of one run.
@@ -239,6 +239,7 @@ class Runner:
         self.train, self.predict = [], []
 
     def fit(self, steps, record):
+        """Train ``steps`` batches; their (wall, CPU) seconds a step, kept if ``record``."""
         a, b = self.next, self.next + steps
         self.next = b
         clock = clock_callback()
@@ -249,10 +250,11 @@ class Runner:
             lk.DIRECT_FORWARD = self.kind != "unfused"       # read at every step
         self.model.fit(dataset(self.x[a:b], self.y[a:b], self.args.rowwise), epochs=1,
                        steps_per_epoch=steps, verbose=0, callbacks=[clock], shuffle=False)
+        # the first batch's begin is the origin: steps - 1 full steps + the last one
+        wall, cpu = clock.span()
         if record:
-            wall, cpu = clock.span()
-            # the first batch's begin is the origin: steps - 1 full steps + the last one
             self.train.append((wall / steps, cpu / steps))
+        return wall / steps, cpu / steps
 
     def run_predict(self, steps, record):
         clock = clock_callback()
@@ -366,30 +368,33 @@ def profile_ops(logdir, steps):
     return ops, step_fn
 
 
-def breakdown(kind, x, y, args, start):
-    """Per-step pieces of a numbaemb training step (ms) and the step's wall time."""
+def breakdown(r, args):
+    """Per-step pieces of runner ``r``'s training step (ms) and the step's wall time.
+
+    The timed model itself is profiled after its timed chunks, so its table has the
+    size (and its rows the places in memory) of the timed steps; its step is traced
+    again with the timers in place, then once more without them."""
     import tensorflow as tf
     timers = Timers()
     patch_for_breakdown(timers)
     try:
-        r = Runner(kind, x, y, args)
-        r.next = start
-        r.fit(args.warmup, record=False)
+        r.model.train_function = None             # retrace: the timers are read at trace time
+        r.fit(min(args.warmup, 3), record=False)
         timers.reset()
         logdir = tempfile.mkdtemp(prefix="bench_train_prof_")
         tf.profiler.experimental.start(logdir)
         try:
-            r.fit(args.profile_steps, record=True)
+            step_s = r.fit(args.profile_steps, record=False)[0]
         finally:
             tf.profiler.experimental.stop()
         ops, fn_ms = profile_ops(logdir, args.profile_steps)
         shutil.rmtree(logdir, ignore_errors=True)
     finally:
         timers.restore()
+        r.model.train_function = None
     n = args.profile_steps
     mine = {k: v * 1e3 / n for k, v in timers.total.items()}
-    step_ms = r.train[-1][0] * 1e3
-    return mine, ops, fn_ms, step_ms
+    return mine, ops, fn_ms, step_s * 1e3
 
 
 def breakdown_rows(mine, ops, fn_ms, step_ms):
@@ -494,7 +499,7 @@ def main(argv=None):
         kinds.append("limit")
     need = args.warmup + args.repeats * max(args.steps, args.stock_steps)
     if not args.no_breakdown:
-        need = max(need, args.warmup * 2 + args.repeats * args.steps + args.profile_steps)
+        need = max(need, args.warmup + 3 + args.repeats * args.steps + args.profile_steps)
     need = max(need, args.predict_steps)
     x, y = make_ids(need)
     runners = {k: Runner(k, x, y, args) for k in kinds}
@@ -514,7 +519,7 @@ def main(argv=None):
         bd = {}
         for k in kinds:
             if k not in ("stock", "limit"):
-                bd[k] = breakdown(k, x, y, args, runners[k].next)
+                bd[k] = breakdown(runners[k], args)
     load_after = " / ".join(f"{v:.2f}" for v in os.getloadavg())
 
     # ---- the table ----
