@@ -33,6 +33,7 @@ from . import bounded as kb
 from . import bounded_accum as ka
 from . import cuda_table as ct
 from .bounded_groups import shifted_range as shifted_range_cpu
+from .cuda_kernels import registrar
 from .slots import first_slot
 
 __all__ = ["find_present", "forget", "restore_scores", "sync_meta", "bounded_insert",
@@ -48,15 +49,13 @@ def add_kernels(kernels, cuda_module, body, copy_row, init_cols, init_both):
     :func:`jit_kernels.cuda_kernels.build`, which passes its row helpers)."""
     global cuda
     cuda = cuda_module
-    jit = cuda.jit
     present_one, forget_one = body(kb.present_one), body(kb.forget_one)
     restore_one, sync_one = body(kb.restore_one), body(kb.sync_one)
     run_pass, home_of = body(kb._pass), body(first_slot)
     shifted_range = body(shifted_range_cpu)
     held_n, spec_n = kb.DEFER_KEYS, kb.SPEC
 
-    def kernel(fn):
-        kernels["bounded_" + fn.__name__] = jit(fn)
+    kernel = registrar(kernels, "bounded_")
 
     @kernel
     def present(slots, mask, keys, rows, where, mscore, mark, batch, hold):

@@ -41,6 +41,7 @@ from . import bucket_reads as br
 from . import buckets as kb
 from . import cuda_table as ct
 from .cuda_bounded import _pair, absent_count
+from .cuda_kernels import registrar
 from .probing import nth_row as nth_row_cpu
 
 __all__ = ["bucket_insert", "bucket_insert_ranges", "stretches_for", "find_rows", "lookup",
@@ -59,15 +60,13 @@ def add_kernels(kernels, cuda_module, body, lookup_with):
     :func:`jit_kernels.cuda_kernels.build`, which passes its lookup kernel's maker)."""
     global cuda
     cuda = cuda_module
-    jit = cuda.jit
     find_pass, run_pass = body(bb._find_pass), body(bb._pass)
     homes_of, find_row = body(bb.homes_of), body(br.find_row)
     settle_one, nth_row = body(bb.settle), body(nth_row_cpu)
     erase = body(kb.erase)
     ring_n, nb_bits, standin = 2 * bb.LEAD, kb.BUCKET.bit_length() - 1, bb.STANDIN
 
-    def kernel(fn):
-        kernels["bucket_" + fn.__name__] = jit(fn)
+    kernel = registrar(kernels, "bucket_")
 
     @kernel
     def homes(keys, mask, hs, group):
@@ -148,7 +147,7 @@ def add_kernels(kernels, cuda_module, body, lookup_with):
         for i in range(cuda.grid(1), keys.shape[0], cuda.gridsize(1)):
             rows[i] = find_row(slots, mask, keys[i])
 
-    kernels["bucket_lookup"] = jit(lookup_with(find_row))  # (cuda_table's, the bucket's find)
+    kernels["bucket_lookup"] = cuda.jit(lookup_with(find_row))  # (cuda_table's, the bucket's find)
 
     @kernel
     def erase_serial(slots, mask, keys, freed):

@@ -12,6 +12,7 @@ import numpy as np
 
 from . import columns as kc
 from . import cuda_table as ct
+from .cuda_kernels import registrar
 
 __all__ = ["set_rows", "keys_below", "keys_with_small_rows"]
 
@@ -25,8 +26,7 @@ def add_kernels(kernels, cuda_module, body):
     cuda = cuda_module
     stale, small = body(kc.stale), body(kc.small)
 
-    def kernel(fn):
-        kernels["column_" + fn.__name__] = cuda.jit(fn)
+    kernel = registrar(kernels, "column_")
 
     @kernel
     def set_rows(col, spill, split, rows, value):

@@ -28,6 +28,7 @@ Example (needs a GPU or the simulator, so not a doctest)::
 import numpy as np
 
 from . import cuda_table as ct
+from .cuda_kernels import registrar
 from .exchange import owner_of
 
 __all__ = ["plan", "segment_sums", "pick"]
@@ -43,8 +44,7 @@ def add_kernels(kernels, cuda_module, body, group_sum):
     cuda = cuda_module
     owner = body(owner_of)
 
-    def kernel(fn):
-        kernels["exchange_" + fn.__name__] = cuda.jit(fn)
+    kernel = registrar(kernels, "exchange_")
 
     @kernel
     def first_pos(ids, firstpos):

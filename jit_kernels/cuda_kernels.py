@@ -50,6 +50,16 @@ def _body(fn, returns=None):
     return call
 
 
+def registrar(kernels, prefix=""):
+    """``@kernel``: compile ``fn`` with ``cuda.jit`` and keep it in ``kernels`` as
+    ``prefix + fn.__name__`` (:func:`build` and the ``add_kernels`` of the other
+    ``cuda_*`` modules)."""
+    def kernel(fn):
+        kernels[prefix + fn.__name__] = compiled = cuda.jit(fn)
+        return compiled
+    return kernel
+
+
 def build(threads):
     """Compile-on-first-call kernels for blocks of ``threads`` threads (a namespace)."""
     global cuda
@@ -66,10 +76,7 @@ def build(threads):
     full = _body(is_full)
     jit = cuda.jit
     kernels = {}
-
-    def kernel(fn):
-        kernels[fn.__name__] = jit(fn)
-        return kernels[fn.__name__]
+    kernel = registrar(kernels)
 
     # ---- device helpers ---------------------------------------------------------------
     @jit(device=True)
