@@ -15,6 +15,35 @@ class DtypeError(TypeError, ValueError):
     # rises while a tf.function traces, instead of wrapping it in a StagingError
     __init__ = Exception.__init__
 
+
+class class_only(classmethod):
+    """A ``classmethod`` that makes a new object and refuses a call on an instance,
+    where it would look like an in-place call and leave the instance as it was
+    (``v.load(path)``: the loaded table is thrown away).
+
+    >>> class T:
+    ...     @class_only
+    ...     def load(cls, path):
+    ...         return cls()
+    >>> isinstance(T.load("p"), T)
+    True
+    >>> T().load("p")
+    Traceback (most recent call last):
+    TypeError: T.load makes a new T and leaves this one as it was: call it on the class, t = T.load(...)
+    """
+
+    def __get__(self, obj, cls=None):
+        if obj is None:
+            return super().__get__(obj, cls)
+        name, kind = self.__func__.__name__, type(obj).__name__
+
+        def refuse(*args, **kwargs):
+            raise TypeError(f"{kind}.{name} makes a new {kind} and leaves this one as it "
+                            f"was: call it on the class, {kind[0].lower()} = "
+                            f"{kind}.{name}(...)")
+        return refuse
+
+
 def _bfloat16():
     """``ml_dtypes.bfloat16`` (the NumPy bfloat16 of TensorFlow and JAX), or None."""
     try:

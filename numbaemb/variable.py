@@ -582,12 +582,15 @@ class Variable:
         from . import checkpoint
         checkpoint.save(self, path)
 
-    @classmethod
+    @_checks.class_only
     def load(cls, path, num_shards=None, partitioner=None, device=None, max_hbm_bytes=None,
              comm=None):
         """A new Variable read from a checkpoint written by ``save``; ``num_shards``
         and ``device`` (default: as saved) may differ.  A truncated or corrupt file
         raises ``ValueError``.  See :func:`numbaemb.checkpoint.load`.
+
+        Call it on the class (``v = Variable.load(path)``): on an instance it raises a
+        ``TypeError`` rather than leave that instance as it was.
 
         A directory ``path`` is a checkpoint saved by a distributed table (a part per
         rank): with ``comm`` of any world size it loads collectively, each rank taking

@@ -517,3 +517,21 @@ def test_key_range_and_max_keys_refuse_before_changing_anything():
     assert v.size() == 3 and np.array_equal(v.lookup(np.array([1]))[0], [-1.0, -1.0])
     ne.optimizers.apply_gradients(v, opt, np.array([3, 3]), np.ones((2, 2)), step=2)
     assert np.array_equal(v.lookup(np.array([3]))[0], [-3.0, -3.0])
+
+
+def test_load_on_an_instance_raises_instead_of_leaving_it_as_it_was(tmp_path):
+    """``v.load(path)`` would return a new table and leave ``v`` empty: it raises, the
+    table is unchanged, and the class form loads."""
+    path = str(tmp_path / "t.ckpt")
+    saved = ne.Variable(dim=2, name="saved")
+    saved.upsert(np.array([5, -1]), np.ones((2, 2)))
+    saved.save(path)
+    v = ne.Variable(dim=2, name="other")
+    v.upsert(np.array([7]), np.zeros((1, 2)))
+    with pytest.raises(TypeError, match=r"Variable.load makes a new Variable .* "
+                                        r"v = Variable.load\(\.\.\.\)"):
+        v.load(path)
+    assert v.size() == 1 and v.export()[0].tolist() == [7]
+    loaded = ne.Variable.load(path)
+    assert sorted(loaded.export()[0].tolist()) == [-1, 5]
+    assert type(v).load(path).size() == 2
