@@ -46,7 +46,6 @@ detected.  Memory: saving and loading stream one bounded chunk
 (``CHUNK_BYTES``) at a time; besides the table itself they need about 16 to 32
 bytes per key.
 """
-import contextlib
 import hashlib
 import io
 import json
@@ -58,16 +57,14 @@ import zipfile
 import numpy as np
 from numpy.lib import format as npformat
 
-from jit_kernels import cpu_table as k
-
 from . import _checks
 from . import initializers as inits
 from ._checkpoint_extras import (_bounded_manifest, _read_admission, _read_names,
                                  _write_admission, _write_names)
-from .shard import Shard
-from .sharding import default_partitioner, split
+from ._checkpoint_io import _io
 from ._checkpoint_read import (FORMAT, FORMAT_VERSION, MANIFEST, _Archive, _Corrupt,
                                _bytes_view, _corrupt, _get, _parse_columns, _read_whole)
+from .sharding import default_partitioner, split
 
 __all__ = ["save", "load", "to_bytes", "from_bytes", "FORMAT", "FORMAT_VERSION"]
 
@@ -130,119 +127,6 @@ def _write_member(zf, name, dtype, shape, chunks):
         raise RuntimeError(f"checkpoint member {name}: wrote {nbytes} bytes, expected {want}")
     return {"member": name, "dtype": np.dtype(dtype).str, "shape": list(shape),
             "nbytes": nbytes, "sha256": sha.hexdigest()}
-
-
-class _HostIO:
-    """Moves rows between a CPU :class:`~numbaemb.shard.Shard` and host buffers."""
-
-    def __init__(self, shard):
-        self.shard = shard
-
-    def context(self):
-        return contextlib.nullcontext()
-
-    def export_rows(self):
-        """(host keys, rows in the shard's memory) of every key."""
-        return self.shard.export_rows()
-
-    def column_chunks(self, name, rows):
-        """Rows ``rows`` of column ``name`` as host chunks of at most CHUNK_BYTES."""
-        data = self.shard.columns[name].data
-        step = _chunk_rows(data.shape[1], data.dtype.itemsize)
-        buf = np.empty((min(rows.shape[0], step), data.shape[1]), data.dtype)
-        for i in range(0, rows.shape[0], step):
-            out = buf[:min(step, rows.shape[0] - i)]
-            k.gather(data, rows[i:i + step], out)
-            yield out
-
-    def bulk_insert(self, keys, first_row):
-        """Index ``keys`` at rows ``first_row, first_row + 1, ...``; returns the rows
-        the index then finds for them (all as host arrays)."""
-        pairs = np.empty(2 * keys.shape[0], np.int64)
-        pairs[0::2] = keys
-        pairs[1::2] = np.arange(first_row, first_row + keys.shape[0])
-        self.shard._place(pairs, self.shard.slots)
-        return self.shard.find_rows(keys)
-
-    def rows_view(self, name, row0, n):
-        """Host memory of rows ``[row0, row0 + n)`` of column ``name`` (read straight
-        into), or None where the column does not live in host memory."""
-        return self.shard.columns[name].data[row0:row0 + n]
-
-    def put_rows(self, name, row0, chunk):
-        self.shard.columns[name].data[row0:row0 + chunk.shape[0]] = chunk
-
-    def init_rows(self, name, row0, keys):
-        col = self.shard.columns[name]
-        k.init_rows(col.data, np.arange(row0, row0 + keys.shape[0]), keys,
-                    np.ones(keys.shape[0], np.bool_), *col.init)
-
-
-class _CudaIO(_HostIO):
-    """The same for a :class:`~numbaemb.cuda_shard.CudaShard` (columns in device
-    memory, or split between device and mapped host memory)."""
-
-    def __init__(self, shard):
-        from jit_kernels import cuda_table
-        super().__init__(shard)
-        self.ct, self.cuda = cuda_table, cuda_table.cuda_api()
-
-    def context(self):
-        return self.shard.on()
-
-    def export_rows(self):
-        keys, rows = self.shard.export_rows()
-        return keys.copy_to_host(), rows
-
-    def column_chunks(self, name, rows):
-        data = self.shard.columns[name].data
-        width, dtype = data.shape[1], np.dtype(data.dtype)
-        step = _chunk_rows(width, dtype.itemsize)
-        m = min(rows.shape[0], step)
-        dev = self.cuda.device_array((max(m, 1), width), dtype)
-        host = self.cuda.pinned_array((max(m, 1), width), dtype)
-        for i in range(0, rows.shape[0], step):
-            n = min(step, rows.shape[0] - i)
-            self.ct.gather(data, rows[i:i + n], dev[:n])
-            dev[:n].copy_to_host(host[:n])
-            yield host[:n]
-
-    def bulk_insert(self, keys, first_row):
-        pairs = np.empty(2 * keys.shape[0], np.int64)
-        pairs[0::2] = keys
-        pairs[1::2] = np.arange(first_row, first_row + keys.shape[0])
-        self.shard._place(self.shard.to_device(pairs), self.shard.slots)
-        return self.shard.find_rows(self.shard.to_device(keys)).copy_to_host()
-
-    def rows_view(self, name, row0, n):
-        return None
-
-    def put_rows(self, name, row0, chunk):
-        """Rows ``[row0, row0 + len(chunk))`` = chunk, across a SplitRows boundary too."""
-        data = self.shard.columns[name].data
-        n = chunk.shape[0]
-        if isinstance(data, self.ct.SplitRows):
-            parts = [(0, data.split, data.head, False), (data.split, data.shape[0], data.tail, True)]
-        else:
-            parts = [(0, data.shape[0], data, False)]
-        for lo, hi, arr, on_host in parts:
-            a, b = max(row0, lo), min(row0 + n, hi)
-            if a < b:
-                piece = np.ascontiguousarray(chunk[a - row0:b - row0])
-                if on_host:
-                    arr[a - lo:b - lo] = piece
-                else:
-                    arr[a - lo:b - lo].copy_to_device(piece)
-
-    def init_rows(self, name, row0, keys):
-        col = self.shard.columns[name]
-        to = self.shard.to_device
-        self.ct.init_rows(col.data, to(np.arange(row0, row0 + keys.shape[0])), to(keys),
-                          to(np.ones(keys.shape[0], np.bool_)), *col.init)
-
-
-def _io(shard):
-    return _HostIO(shard) if isinstance(shard, Shard) else _CudaIO(shard)
 
 
 def _host(a):
