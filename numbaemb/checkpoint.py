@@ -260,7 +260,8 @@ def save(variable, path):
 
 
 # ---- load ------------------------------------------------------------------------------
-def load(path, num_shards=None, partitioner=None, device=None, max_hbm_bytes=None):
+def load(path, num_shards=None, partitioner=None, device=None, max_hbm_bytes=None,
+         max_capacity=None, evict_window=None):
     """Read a checkpoint written by :func:`save` into a new ``Variable``.
 
     Args:
@@ -273,6 +274,10 @@ def load(path, num_shards=None, partitioner=None, device=None, max_hbm_bytes=Non
         variable was saved from.  Checkpoints do not depend on the device.
       max_hbm_bytes: GPU hybrid-mode budget; default the saved one when the
         new variable is on a GPU.
+      max_capacity, evict_window: a bounded table's size and index layout, to load it
+        larger, smaller or in the other layout; default as saved.  When it holds more
+        keys than ``max_capacity``, the lowest-scored are left out (the keys an insert
+        would evict first; on equal scores the later saved), with a warning.
 
     Raises ``FileNotFoundError`` when ``path`` does not exist and ``ValueError``
     when it is truncated, corrupt, of another format version or not a
@@ -291,11 +296,11 @@ def load(path, num_shards=None, partitioner=None, device=None, max_hbm_bytes=Non
     """
     from .variable import Variable
     path = _checks.as_path(path)
-    num_shards, partitioner, device, max_hbm_bytes = _load_args(
-        num_shards, partitioner, device, max_hbm_bytes)
+    args = _load_args(num_shards, partitioner, device, max_hbm_bytes, max_capacity,
+                      evict_window)
     ar = _Archive(path)
     try:
-        return _load(ar, Variable, num_shards, partitioner, device, max_hbm_bytes)
+        return _load(ar, Variable, args)
     finally:
         ar.close()
 
@@ -320,23 +325,26 @@ def to_bytes(variable) -> bytes:
     return buf.getvalue()
 
 
-def from_bytes(data, num_shards=None, partitioner=None, device=None, max_hbm_bytes=None):
+def from_bytes(data, num_shards=None, partitioner=None, device=None, max_hbm_bytes=None,
+               max_capacity=None, evict_window=None):
     """A new Variable from the bytes :func:`to_bytes` (or a checkpoint file) holds;
     arguments and errors as :func:`load`'s."""
     from .variable import Variable
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(f"data must be bytes (a checkpoint's), got {type(data).__name__}")
-    num_shards, partitioner, device, max_hbm_bytes = _load_args(
-        num_shards, partitioner, device, max_hbm_bytes)
+    args = _load_args(num_shards, partitioner, device, max_hbm_bytes, max_capacity,
+                      evict_window)
     ar = _Archive("<bytes>", bytes(data))
     try:
-        return _load(ar, Variable, num_shards, partitioner, device, max_hbm_bytes)
+        return _load(ar, Variable, args)
     finally:
         ar.close()
 
 
-def _load_args(num_shards, partitioner, device, max_hbm_bytes):
-    """The arguments of :func:`load` checked."""
+def _load_args(num_shards, partitioner, device, max_hbm_bytes, max_capacity=None,
+               evict_window=None):
+    """The arguments of :func:`load` checked, as keyword arguments of
+    :func:`make_variable`."""
     if num_shards is not None:
         num_shards = _checks.positive_int(num_shards, "num_shards")
     if partitioner is not None and not callable(partitioner):
@@ -346,14 +354,24 @@ def _load_args(num_shards, partitioner, device, max_hbm_bytes):
         parse_device(device)                    # TypeError / ValueError naming the argument
     if max_hbm_bytes is not None:
         max_hbm_bytes = _checks.positive_int(max_hbm_bytes, "max_hbm_bytes")
-    return num_shards, partitioner, device, max_hbm_bytes
+    if max_capacity is not None or evict_window is not None:
+        from .bounded import BUCKETS
+        from .variable import _bounds        # (its errors name the argument)
+        checked, _, window = _bounds(1 if max_capacity is None else max_capacity, "lru",
+                                     BUCKETS if evict_window is None else evict_window, 1)
+        max_capacity = None if max_capacity is None else checked
+        evict_window = None if evict_window is None else window
+    return dict(num_shards=num_shards, partitioner=partitioner, device=device,
+                max_hbm_bytes=max_hbm_bytes, max_capacity=max_capacity,
+                evict_window=evict_window)
 
 
-def _load(ar, Variable, num_shards, partitioner, device, max_hbm_bytes):
+def _load(ar, Variable, args):
     cfg = read_config(ar)
-    v = make_variable(cfg, Variable, num_shards, partitioner, device, max_hbm_bytes)
-    identity = v.num_shards == cfg["num_shards"] and cfg["default"] and partitioner is None
-    fill(v, [ar], identity=identity)
+    v = make_variable(cfg, Variable, **args)
+    identity = v.num_shards == cfg["num_shards"] and cfg["default"] and \
+        args["partitioner"] is None
+    fill(v, [ar], identity=identity, fit=args["max_capacity"] is not None)
     if hasattr(v, "names"):
         _read_names(ar, v)
     if "admission" in ar.manifest:
@@ -395,10 +413,17 @@ def read_config(ar):
                 max_hbm_bytes=saved_hbm, bounded=bounded)
 
 
-def make_variable(cfg, Variable, num_shards, partitioner, device, max_hbm_bytes, **extra):
+def make_variable(cfg, Variable, num_shards, partitioner, device, max_hbm_bytes,
+                  max_capacity=None, evict_window=None, **extra):
     """An empty variable of configuration ``cfg`` (:func:`read_config`); arguments as
     :func:`load`'s (None: as saved); ``extra`` goes to the constructor (``comm``)."""
     path = cfg["path"]
+    resized = {k: a for k, a in (("max_capacity", max_capacity),
+                                 ("evict_window", evict_window)) if a is not None}
+    if resized and "max_capacity" not in (cfg.get("bounded") or {}):
+        raise ValueError(f"{' and '.join(resized)} given, but checkpoint {path} holds a "
+                         f"table without max_capacity (they load a bounded table at another "
+                         f"size or layout)")
     if not cfg["default"] and partitioner is None:
         warnings.warn(f"checkpoint {path} was saved with a custom partitioner; loading with the "
                       "default one (pass partitioner= to load to choose)", stacklevel=4)
@@ -408,7 +433,7 @@ def make_variable(cfg, Variable, num_shards, partitioner, device, max_hbm_bytes,
     hbm = max_hbm_bytes if max_hbm_bytes is not None else (cfg["max_hbm_bytes"] if on_gpu else None)
     kwargs = {} if target_device == "cpu" and hbm is None else \
         dict(device=target_device, max_hbm_bytes=hbm)
-    bounded = dict(cfg.get("bounded") or {})
+    bounded = dict(cfg.get("bounded") or {}, **resized)
     if "steps_to_live" in bounded:
         kwargs["steps_to_live"] = bounded.pop("steps_to_live")
     last_step = bounded.pop("last_step", None) if "max_capacity" not in bounded else None
@@ -437,13 +462,15 @@ def make_variable(cfg, Variable, num_shards, partitioner, device, max_hbm_bytes,
         raise
 
 
-def fill(v, archives, identity=False, keep=None):
+def fill(v, archives, identity=False, keep=None, fit=False):
     """Insert the keys and every column of ``archives`` into the empty variable ``v``.
 
     ``identity``: one archive whose saved shard ``s`` goes whole to shard ``s`` of
     ``v``.  Otherwise keys are routed by ``v``'s partitioner; ``keep(keys) -> bool
     mask`` (e.g. the keys a rank owns) drops the others.  Only the kept keys are
-    held in memory (plus one saved shard's keys at a time).
+    held in memory (plus one saved shard's keys at a time).  ``fit``: a bounded ``v``
+    that cannot hold every key takes the highest-scored (:func:`_best`), with a
+    warning; else that is a ``ValueError``.
     """
     # Pass 1: column layouts and the keys of every saved shard, routed to target shards
     # (all checked before anything is inserted).
@@ -485,6 +512,14 @@ def fill(v, archives, identity=False, keep=None):
     if columns and not _init_equal(columns["values"][2], v.shards[0].columns["values"].init):
         raise _corrupt(archives[0].path, "values initializer params do not match the "
                        "initializer config")
+    limit = getattr(v.shards[0], "limit", None)     # (a bounded table has one shard)
+    if fit and limit is not None and counts[0] > limit:
+        sources, left = _best(sources, limit)
+        counts[0] -= left
+        identity = False
+        warnings.warn(f"{left} keys of checkpoint {archives[0].path} left out: the table "
+                      f"holds max_capacity={limit} keys, and these scored lowest (an insert "
+                      f"would have evicted them first)", stacklevel=4)
     for shard, c in zip(v.shards, counts):
         limit = getattr(shard, "limit", None)
         if limit is not None and c > limit:
@@ -550,6 +585,33 @@ def fill(v, archives, identity=False, keep=None):
     for shard in v.shards:          # a bounded shard rebuilds its score copy by the index
         getattr(shard, "_loaded", lambda: None)()
     return v
+
+
+def _best(sources, limit):
+    """``(sources, left out)``: :func:`fill`'s saved shards with only the ``limit``
+    highest-scored of their routed keys (the ties: the first saved), positions in
+    saved order as before."""
+    from .bounded import SCORE
+    scores = []
+    for ar, s, size, layout, routes in sources:
+        col = next((c for c in layout if c[0] == SCORE), None)
+        if col is None or col[1] != 1 or col[2] != np.int64:
+            raise _corrupt(ar.path, f"shard {s} of a bounded table has no int64 score column")
+        sc = _read_whole(ar, col[4], f"shards[{s}].score", np.dtype(np.int64), (size, 1))[:, 0]
+        scores += [sc if p is None else sc[p] for _, p, _ in routes]
+    everyone = np.concatenate(scores)
+    taken = np.zeros(everyone.shape[0], np.bool_)
+    taken[np.argsort(~everyone, kind="stable")[:limit]] = True     # ~: descending, no overflow
+    out, at = [], 0
+    for ar, s, size, layout, routes in sources:
+        kept = []
+        for t, p, keys in routes:
+            mine = taken[at:at + keys.shape[0]]
+            at += keys.shape[0]
+            if mine.any():
+                kept.append((t, (np.arange(size) if p is None else p)[mine], keys[mine]))
+        out.append((ar, s, size, layout, kept))
+    return out, int(everyone.shape[0] - limit)
 
 
 def _bulk_insert(io_, keys, path, s):

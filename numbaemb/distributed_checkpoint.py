@@ -213,26 +213,30 @@ def _open(d, part):
     return _Archive(part["file"]) if d is None else _open_part(d, part)
 
 
-def load(path, comm=None, num_shards=None, partitioner=None, device=None, max_hbm_bytes=None):
+def load(path, comm=None, num_shards=None, partitioner=None, device=None, max_hbm_bytes=None,
+         max_capacity=None, evict_window=None):
     """A variable from a distributed checkpoint directory (or a single-file one).
 
     With ``comm`` of more than one rank this is collective and returns a
     :class:`~numbaemb.distributed.DistributedVariable` holding the keys this rank
     owns; otherwise a plain ``Variable`` holding every key.  ``num_shards``: local
-    shards (default: as saved); other arguments as :func:`numbaemb.checkpoint.load`.
+    shards (default: as saved); other arguments as :func:`numbaemb.checkpoint.load`
+    (``max_capacity``: each rank's table's, as at its creation).
     """
     from .distributed import OPS
     from .variable import Variable
     path = _checks.as_path(path)        # (every rank has the same argument)
+    args = checkpoint._load_args(num_shards, partitioner, device, max_hbm_bytes, max_capacity,
+                                 evict_window)
+    fit = max_capacity is not None
     world = size_of(comm)
     if world == 1:
         d, man, parts = _sources(path)
         archives = [_open(d, p) for p in parts]
         try:
             cfg = _config(archives, man)
-            v = checkpoint.make_variable(cfg, Variable, num_shards, partitioner, device,
-                                         max_hbm_bytes)
-            checkpoint.fill(v, archives)
+            v = checkpoint.make_variable(cfg, Variable, **args)
+            checkpoint.fill(v, archives, fit=fit)
             _restore_bounds(v, archives)
             return v
         finally:
@@ -251,8 +255,7 @@ def load(path, comm=None, num_shards=None, partitioner=None, device=None, max_hb
             error = e
         c.start(OPS["load"], crc(os.path.abspath(path)), 0, 0, error, f"loading {path!r}")
     try:    # creating the table is collective: every rank gets here
-        v = checkpoint.make_variable(cfg, Variable, num_shards, partitioner, device,
-                                     max_hbm_bytes, comm=comm)
+        v = checkpoint.make_variable(cfg, Variable, **args, comm=comm)
     except Exception:
         for ar in opened:
             ar.close()
@@ -262,12 +265,12 @@ def load(path, comm=None, num_shards=None, partitioner=None, device=None, max_hb
         try:
             if same:      # part r holds exactly the keys rank r owns
                 identity = v.local.num_shards == cfg["num_shards"]
-                checkpoint.fill(v.local, opened, identity=identity)
+                checkpoint.fill(v.local, opened, identity=identity, fit=fit)
                 _restore_bounds(v.local, opened)
             else:
                 archives = opened + [_open(d, p) for p in parts[1:]]
                 opened = archives
-                checkpoint.fill(v.local, archives, keep=lambda keys: _owned(v, keys))
+                checkpoint.fill(v.local, archives, keep=lambda keys: _owned(v, keys), fit=fit)
                 _restore_bounds(v.local, archives, keep=lambda keys: _owned(v, keys))
         except Exception as e:      # noqa: BLE001
             error = f"{type(e).__name__}: {e}"

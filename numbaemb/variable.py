@@ -584,10 +584,12 @@ class Variable:
 
     @_checks.class_only
     def load(cls, path, num_shards=None, partitioner=None, device=None, max_hbm_bytes=None,
-             comm=None):
+             comm=None, max_capacity=None, evict_window=None):
         """A new Variable read from a checkpoint written by ``save``; ``num_shards``
-        and ``device`` (default: as saved) may differ.  A truncated or corrupt file
-        raises ``ValueError``.  See :func:`numbaemb.checkpoint.load`.
+        and ``device`` (default: as saved) may differ, and a bounded table's
+        ``max_capacity`` and ``evict_window`` (smaller: the lowest-scored keys are left
+        out, with a warning).  A truncated or corrupt file raises ``ValueError``.  See
+        :func:`numbaemb.checkpoint.load`.
 
         Call it on the class (``v = Variable.load(path)``): on an instance it raises a
         ``TypeError`` rather than leave that instance as it was.
@@ -602,10 +604,13 @@ class Variable:
             from . import distributed_checkpoint
             return distributed_checkpoint.load(path, comm=comm, num_shards=num_shards,
                                                partitioner=partitioner, device=device,
-                                               max_hbm_bytes=max_hbm_bytes)
+                                               max_hbm_bytes=max_hbm_bytes,
+                                               max_capacity=max_capacity,
+                                               evict_window=evict_window)
         from . import checkpoint
         return checkpoint.load(path, num_shards=num_shards, partitioner=partitioner,
-                               device=device, max_hbm_bytes=max_hbm_bytes)
+                               device=device, max_hbm_bytes=max_hbm_bytes,
+                               max_capacity=max_capacity, evict_window=evict_window)
 
     # ---- pickling --------------------------------------------------------------------
     def __reduce__(self):

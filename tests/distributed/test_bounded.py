@@ -141,7 +141,7 @@ def test_bounds_and_filter_state_round_trip_through_checkpoints(tmp_path_factory
           and np.array_equal(np.sort(tracked), np.sort(saved_tracked)), "merged into one")
 
 
-def test_loading_more_keys_than_a_ranks_capacity_is_refused(tmp_path_factory):
+def test_loading_more_keys_than_a_ranks_capacity_is_refused_unless_resized(tmp_path_factory):
     """max_capacity is per rank: a checkpoint of full ranks loads into as many ranks,
     not into one process (ValueError there, nothing half-loaded)."""
     import pytest
@@ -154,6 +154,19 @@ def test_loading_more_keys_than_a_ranks_capacity_is_refused(tmp_path_factory):
     agree(ne.Variable.load(d, comm=COMM).size() == 30 * WORLD)
     with pytest.raises(ValueError, match="max_capacity"):
         ne.Variable.load(d)
+    # unless loaded at a size of its own: then the highest-scored stay (a warning)
+    every = np.concatenate(COMM.allgather(owned))
+    saved = dict(zip(every.tolist(), v.lookup(every)))
+    with pytest.warns(UserWarning, match=f"{30 * WORLD - 50} keys of checkpoint"):
+        one = ne.Variable.load(d, max_capacity=50, evict_window=8)
+    agree(one.size() == 50 and one.evict_window == 8)
+    with pytest.warns(UserWarning, match="20 keys of checkpoint"):
+        w = ne.Variable.load(d, comm=COMM, max_capacity=10)
+    agree(w.local_size() == 10 and w.max_capacity == 10)
+    for t in (one, w):          # (w's lookup is collective: every rank calls it)
+        k = t.export()[0]
+        agree(np.array_equal(t.lookup(k), np.array([saved[x] for x in k.tolist()])),
+              "the kept keys keep their values")
     COMM.Barrier()
 
 

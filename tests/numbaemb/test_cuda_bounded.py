@@ -208,6 +208,14 @@ def test_checkpoint_loads_onto_the_gpu_as_onto_the_cpu(tmp_path, window):
     for a, b in zip(got, want):
         np.testing.assert_array_equal(host(a), b)
     same_state(on_gpu, on_cpu)
+    # smaller and in the other layout: the same keys on both (the highest-scored)
+    kw = dict(max_capacity=12, evict_window="bucket" if window == 4 else 4)
+    with pytest.warns(UserWarning, match="keys of checkpoint .* left out"):
+        small_gpu = ne.Variable.load(str(tmp_path / "t.nbe"), device="cuda", **kw)
+    with pytest.warns(UserWarning, match="keys of checkpoint .* left out"):
+        small_cpu = ne.Variable.load(str(tmp_path / "t.nbe"), device="cpu", **kw)
+    assert small_gpu.size() == small_cpu.size() == 12
+    same_state(small_gpu, small_cpu)
 
 
 def test_loaded_keys_of_a_full_bucket_are_placed_by_score_as_on_the_cpu():
