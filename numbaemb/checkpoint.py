@@ -374,6 +374,7 @@ def _load(ar, Variable, args):
     fill(v, [ar], identity=identity, fit=args["max_capacity"] is not None)
     if hasattr(v, "names"):
         _read_names(ar, v)
+        v._sweep_names(force=True)      # the names of keys the table did not take
     if "admission" in ar.manifest:
         v.admit = _read_admission(ar)
     return v

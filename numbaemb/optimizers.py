@@ -17,6 +17,7 @@ rows a batch touches, as TFRA does.
 >>> ne.optimizers.slot_values(v, opt, "accumulator", np.array([3])).round(3).tolist()
 [[9.1, 9.1]]
 """
+import functools
 from dataclasses import dataclass, fields
 
 import numba
@@ -259,6 +260,19 @@ def _slot_init(value, dim):
     return (Zeros() if value == 0 else Constant(value)).params(dim, 0)
 
 
+def _then_sweep_names(apply):
+    """``apply``, then a string table's sweep of the names left without a row (its
+    evicted or held-back ids: :meth:`numbaemb.string_keys.StringVariable._sweep_names`)."""
+    @functools.wraps(apply)
+    def run(variable, *args, **kwargs):
+        apply(variable, *args, **kwargs)
+        sweep = getattr(variable, "_sweep_names", None)
+        if sweep is not None:
+            sweep()
+    return run
+
+
+@_then_sweep_names
 def apply_gradients(variable, optimizer, ids, grads, *, step, learning_rate=None,
                     assume_unique=False, delta=False, initial_rows=None, inverse=None):
     """One sparse training step on ``variable``.

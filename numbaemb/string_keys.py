@@ -22,9 +22,12 @@ Keys may be numpy ``S`` / ``U`` / object arrays or lists of ``bytes`` / ``str``
 An int64 array addresses rows by id (:meth:`StringVariable.ids`): optimizers and
 tf_bridge work on ids after one resolution.  Ops that insert (``upsert``,
 ``find_or_insert``, ``accum``, ``ids(..., insert=True)``) register new strings;
-``remove`` forgets them.  Strings whose id was registered but never got a row (an
-``accum`` that inserted nothing) keep their name until removed; they cost memory
-only.  String tables live in one process (not split across MPI ranks).
+``remove`` forgets them.  Strings whose id has no row (evicted by ``max_capacity``,
+held back by an admission filter, never given a row by an ``accum``) are forgotten
+in sweeps after inserting calls, once they outnumber twice the keys plus
+``SWEEP_SLACK``; a training lookup's new strings are kept until the sweep after next,
+for its optimizer step.  String tables live in one process (not split across MPI
+ranks).
 """
 import threading
 from typing import NamedTuple
@@ -40,6 +43,7 @@ from ._lock import RWLock
 __all__ = ["StringKeys", "StringVariable", "Packed", "as_strings", "LEVELS"]
 
 LEVELS = 4                   # candidate ids per string; all taken is a ValueError
+SWEEP_SLACK = 4096           # names without a row tolerated beyond the table's keys
 _COMPACT_MIN = 1 << 20       # arena garbage below this is never compacted
 
 
@@ -124,10 +128,16 @@ class StringKeys:
         self._garbage = 0
         self._deep = {}                      # level-0 id -> names living at levels >= 1
         self._deep_arr = np.empty(0, np.int64)
+        self._fresh, self._older = [], []    # ids registered since the last sweep, and before
         self._lock = RWLock()
 
     def __len__(self):
         return self._spans.size()
+
+    def ids(self):
+        """Every registered id (int64, no order)."""
+        with self._lock.read():
+            return self._spans.export()[0]
 
     @property
     def nbytes(self):
@@ -204,6 +214,7 @@ class StringKeys:
         self._used = need
         self._spans.upsert(ids, spans)
         self._count_deep(fp0[ids < 0], +1)
+        self._fresh.append(ids.copy())
 
     def _count_deep(self, fp0, sign):
         if not fp0.shape[0]:
@@ -242,17 +253,31 @@ class StringKeys:
 
     def drop(self, ids):
         """Forget the strings of ``ids`` (unknown ids are ignored)."""
-        ids = np.asarray(ids, np.int64).reshape(-1)
         with self._lock.write():
-            spans, ex = self._spans.lookup(ids, return_exists=True)
-            ids, spans = ids[ex], spans[ex]
-            ids, _, keep = _unique_first(ids)
-            spans = spans[keep]
-            self._spans.remove(ids)
-            self._garbage += int(spans[:, 1].sum())
-            self._count_deep(spans[ids < 0, 2], -1)
-            if self._garbage > max(_COMPACT_MIN, self._used // 2):
-                self._compact()
+            self._drop(np.asarray(ids, np.int64).reshape(-1))
+
+    def sweep(self, rowless, protect=True):
+        """Forget the strings of ``rowless`` (ids without a row), but (``protect``) those
+        registered since the sweep before this one: a training lookup's new strings wait
+        for its optimizer step.  Returns how many were forgotten."""
+        with self._lock.write():
+            recent = self._fresh + self._older
+            if protect and recent:
+                rowless = rowless[~np.isin(rowless, np.concatenate(recent))]
+            self._older, self._fresh = self._fresh, []
+            return self._drop(rowless)
+
+    def _drop(self, ids):
+        spans, ex = self._spans.lookup(ids, return_exists=True)
+        ids, spans = ids[ex], spans[ex]
+        ids, _, keep = _unique_first(ids)
+        spans = spans[keep]
+        self._spans.remove(ids)
+        self._garbage += int(spans[:, 1].sum())
+        self._count_deep(spans[ids < 0, 2], -1)
+        if self._garbage > max(_COMPACT_MIN, self._used // 2):
+            self._compact()
+        return ids.shape[0]
 
     def _compact(self):
         ids, spans = self._spans.export()
@@ -302,7 +327,7 @@ class StringVariable(_variable_base()):
     def __init__(self, dim, **kwargs):
         super().__init__(dim, **kwargs)
         self.names = StringKeys()
-        self._mutate = threading.Lock()
+        self._mutate = threading.RLock()
 
     @property
     def _id_dtype(self):
@@ -335,17 +360,50 @@ class StringVariable(_variable_base()):
 
     # A string's registration and its row's insert or removal happen under one mutex, so
     # a concurrent remove cannot drop a name whose row is being inserted.
-    def upsert(self, keys, values):
+    def upsert(self, keys, values, scores=None):
         with self._mutate:
-            super().upsert(keys, values)
+            super().upsert(keys, values, scores=scores)
+            self._sweep_names()
 
-    def find_or_insert(self, keys, return_exists=False):
-        with self._mutate:
-            return super().find_or_insert(keys, return_exists)
+    def find_or_insert(self, keys, return_exists=False, **kwargs):
+        """:meth:`numbaemb.Variable.find_or_insert`; ``return_evicted``'s keys are the
+        evicted strings (an object array of bytes)."""
+        with self._mutate:      # (re-entered by an admission filter's inner call)
+            out = super().find_or_insert(keys, return_exists, **kwargs)
+            if kwargs.get("_admitted_call"):      # (the outer call names and sweeps)
+                return out
+            if kwargs.get("return_evicted"):
+                at = 2 if return_exists else 1
+                out = (*out[:at], self.names.strings(self._arrays.host(out[at])),
+                       *out[at + 1:])
+            self._sweep_names()
+            return out
 
     def accum(self, keys, old_values, new_values, exists):
         with self._mutate:
             super().accum(keys, old_values, new_values, exists)
+            self._sweep_names()
+
+    def _sweep_names(self, force=False):
+        """Forget the strings whose id has no row (evicted by a bounded table, held back
+        by an admission filter, left out of a load) once the names outnumber twice the
+        keys plus ``SWEEP_SLACK`` (or ``force``): a pass over the names, amortised over
+        the registrations since the last.  Runs after an inserting call (and
+        ``numbaemb.optimizers.apply_gradients``); the strings registered since the sweep
+        before are kept (:meth:`StringKeys.sweep`) unless ``force``."""
+        if len(self.names) <= (self.size() if force else 2 * self.size() + SWEEP_SLACK):
+            return 0
+        with self._lock.write():
+            ids = self.names.ids()
+            have = np.zeros(ids.shape[0], np.bool_)
+            host = self._arrays.host
+            for shard, pos, k in self._parts(*super()._keys(ids)):
+                found = host(shard.find_rows(k)) >= 0
+                if pos is None:
+                    have[:] = found
+                else:
+                    have[host(pos)] = found
+            return self.names.sweep(ids[~have], protect=not force)
 
     def remove(self, keys):
         with self._mutate:

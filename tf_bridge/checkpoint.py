@@ -352,9 +352,8 @@ def restore_table_state(variable, state, _owned=None):
         cols = [(name, width, dt, init, data[mine]) for name, width, dt, init, data in cols]
     meta = _meta(state["columns"])
     admit = _restored_filter(table, meta)
-    if getattr(table, "max_capacity", None) is not None and keys.shape[0] > table.max_capacity:
-        raise ValueError(f"the state holds {keys.shape[0]} keys, more than the max_capacity "
-                         f"{table.max_capacity} of {table.name!r}")
+    saved_cols = cols           # (every restored score sets the clock, kept or not)
+    keys, values, cols, left = _best_first(table, keys, values, cols)
     for name, width, dt, _, _ in cols:
         for shard in table.shards:
             have = shard.columns.get(name)
@@ -370,7 +369,6 @@ def restore_table_state(variable, state, _owned=None):
                     shard.add_column(name, width, dt, init)
         if names is not None:
             table.names = names
-        keys, values, cols = _best_first(table, keys, values, cols)
         dropped = 0
         typed = keys.astype(table._id_dtype)
         a = table._arrays
@@ -383,6 +381,12 @@ def restore_table_state(variable, state, _owned=None):
             _write_rows(shard, "values", rows, stored[at])
             for name, _, _, _, data in cols:
                 _write_rows(shard, name, rows, data[at])
+    if hasattr(table, "_sweep_names"):          # the names of keys it did not take
+        table._sweep_names(force=True)
+    if left:
+        warnings.warn(f"{left} restored keys left out: {table.name or 'the table'} holds "
+                      f"max_capacity={table.max_capacity} keys, and these scored lowest (an "
+                      f"insert would have evicted them first)", stacklevel=2)
     if dropped:
         warnings.warn(f"{dropped} restored keys did not fit the bucketed index of "
                       f"{table.name or 'the table'} "
@@ -392,22 +396,32 @@ def restore_table_state(variable, state, _owned=None):
     forget = getattr(variable, "_forget_all", None)
     if forget is not None:                      # callable initializers' pending draws
         forget()
-    _restored_clock(variable, cols if every is None else every)
+    _restored_clock(variable, saved_cols if every is None else every)
     _bounded_restored(table, cols, meta.get("bounded"))
     if admit is not None:
         table.admit = admit
 
 
 def _best_first(table, keys, values, cols):
-    """The state's keys, values and columns, the highest score first (the order a
-    bucketed bounded table takes them in: a full bucket keeps the first 32), when the
-    table is bucketed and the state has scores; else as they are."""
-    shard = table.shards[0]
+    """``(keys, values, columns, left out)`` of the state: the highest score first (the
+    order a bucketed bounded table takes them in: a full bucket keeps the first 32) when
+    the table is bucketed, and only the ``max_capacity`` highest-scored when the state
+    holds more (the ties: the first saved); else as they are.  More keys than
+    ``max_capacity`` and no scores to choose by are a ``ValueError``."""
+    limit = getattr(table, "max_capacity", None)
+    over = limit is not None and keys.shape[0] > limit
     score = [c[4] for c in cols if c[0] == SCORE]
-    if not getattr(shard, "bucketed", False) or not score:
-        return keys, values, cols
-    order = np.argsort(-np.asarray(score[0]).reshape(-1), kind="stable")
-    return keys[order], values[order], [(*c[:4], c[4][order]) for c in cols]
+    if over and not score:
+        raise ValueError(f"the state holds {keys.shape[0]} keys, more than the max_capacity "
+                         f"{limit} of {table.name!r}, and no scores to choose them by (it "
+                         f"was saved from a table without max_capacity)")
+    if not over and not (getattr(table.shards[0], "bucketed", False) and score):
+        return keys, values, cols, 0
+    # ~: descending order without the overflow of -INT64_MIN
+    order = np.argsort(~np.asarray(score[0], np.int64).reshape(-1), kind="stable")
+    order = order[:limit] if over else order
+    return (keys[order], values[order], [(*c[:4], c[4][order]) for c in cols],
+            keys.shape[0] - order.shape[0])
 
 
 def _taken(shard, rows, at, n):

@@ -207,3 +207,25 @@ def test_bp_v2_layer_on_a_bounded_table_trains_within_capacity():
     hist = model.fit(x, y, batch_size=32, epochs=3, verbose=0).history["loss"]
     assert hist[-1] < hist[0]
     assert 0 < int(layer.params.size()) <= 50
+
+
+@pytest.mark.parametrize("window", ["bucket", 8])
+def test_a_smaller_table_restores_the_highest_scored_keys(window):
+    """A bounded state restores into a table of a smaller max_capacity: the highest
+    scores stay (a warning), with their values; a string table keeps only their names."""
+    import numbaemb as ne
+    from tf_bridge.checkpoint import restore_table_state, table_state
+    big = ne.Variable(dim=2, max_capacity=100, evict="custom", key_dtype="string")
+    keys = np.array([f"id-{i}" for i in range(60)], object)
+    scores = (np.arange(60) * 37) % 60 - 30              # distinct, negative ones too
+    scores[7] = np.iinfo(np.int64).min                   # (its negation is itself)
+    big.upsert(keys, np.arange(120, dtype=np.float32).reshape(60, 2), scores=scores)
+    small = ne.Variable(dim=2, max_capacity=20, evict="custom", key_dtype="string",
+                        evict_window=window)
+    with pytest.warns(UserWarning, match="40 restored keys left out"):
+        restore_table_state(small, table_state(big))
+    top = keys[np.argsort(scores)[::-1][:20]]
+    held = small.export()[0]
+    assert sorted(held.tolist()) == sorted(k.encode() for k in top)
+    np.testing.assert_array_equal(small.lookup(top), big.lookup(top))
+    assert len(small.names) == 20
