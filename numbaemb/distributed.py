@@ -344,22 +344,32 @@ class DistributedVariable(Variable):
         out = ((rows, exists) if return_exists else (rows,)) + tuple(evicted)
         return out[0] if len(out) == 1 else out
 
-    def upsert(self, keys, values):
+    def upsert(self, keys, values, scores=None):
         """Collective ``Variable.upsert``: for a key sent by several ranks (or repeated
-        in a batch) the value of the last rank (last position) wins."""
+        in a batch) the value of the last rank (last position) wins, and so does its
+        score (``scores``: ``evict="custom"``, ``keys.shape``; every rank gives scores
+        or not alike)."""
         def prepare():
             k, p = self._plan(keys)
             vals = self.local._values(values, k.shape)       # as stored
+            sc = self.local._check_scores(scores, k.shape)    # the owner's check, made here
             t0 = time.perf_counter()
-            send = self._x.last_wins(vals, p.slot, p.send_keys.shape[0])
+            n = p.send_keys.shape[0]
+            send = self._x.last_wins(vals, p.slot, n)
+            send_sc = None if sc is None else self._x.last_wins(self._x.scores(sc), p.slot, n)
             self._comm.add_time("order", t0, moved_from="plan")
-            return (p, send), p.counts
+            return (p, send, send_sc), p.counts
 
         with self._comm.lock:
-            (p, send), rc = self._begin("upsert", prepare)
-            recv_keys = self._x.alltoallv(p.send_keys, p.counts, rc)
-            recv_vals = self._x.alltoallv(send, p.counts, rc)
-            self._local(self.local.upsert, recv_keys, self.local._shown(recv_vals))
+            (p, send, send_sc), rc = self._begin("upsert", prepare,
+                                                 f"scores={scores is not None}")
+            x = self._x
+            recv_keys = x.alltoallv(p.send_keys, p.counts, rc)
+            recv_vals = x.alltoallv(send, p.counts, rc)
+            # (the owner's table takes scores on the host)
+            kw = {} if send_sc is None else {
+                "scores": x.host(x.alltoallv(send_sc, p.counts, rc))[:, 0]}
+            self._local(self.local.upsert, recv_keys, self.local._shown(recv_vals), **kw)
 
     def accum(self, keys, old_values, new_values, exists):
         """Collective ``Variable.accum``: every position goes to its owner, in batch

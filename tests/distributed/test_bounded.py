@@ -219,7 +219,7 @@ def test_return_evicted_gives_each_rank_what_its_table_evicted():
 
 
 def test_custom_scores_travel_with_their_keys():
-    """evict='custom': each key's score reaches its owner (a rank's last position, the
+    """evict='custom' (inserts and upserts): each key's score reaches its owner (a rank's last position, the
     last rank's), so the owners evict as the oracle fed the same scores does."""
     kw = dict(max_capacity=25, evict="custom", evict_window=8, initializer=INIT)
     v = ne.Variable(3, comm=COMM, name="custom_split", **kw)
@@ -228,11 +228,17 @@ def test_custom_scores_travel_with_their_keys():
     def score(ids, call):                     # a function of the key: repeats agree
         return (ids * 7919 + call) % 1000
 
-    for call in range(8):
-        ids = batch(call, RANK)
-        v.find_or_insert(ids, scores=score(ids, call))
-        seq = received(call)
-        oracle.find_or_insert(seq, scores=score(seq, call))
+    def values(ids):                          # a function of the key, too
+        return np.repeat((ids % 97)[:, None], 3, 1).astype(np.float32)
+
+    for call in range(8):                     # find_or_insert, then upsert, alternately
+        ids, seq = batch(call, RANK), received(call)
+        if call % 2:
+            v.upsert(ids, values(ids), scores=score(ids, call))
+            oracle.upsert(seq, values(seq), scores=score(seq, call))
+        else:
+            v.find_or_insert(ids, scores=score(ids, call))
+            oracle.find_or_insert(seq, scores=score(seq, call))
     agree(same_table(v, oracle) and v.local_size() <= 25)
 
 
@@ -243,7 +249,13 @@ def test_mismatched_eviction_arguments_raise_on_every_rank():
         v.find_or_insert(np.arange(3), return_evicted=RANK == 0)
     with pytest.raises(ValueError, match="custom"):   # scores on an "lru" table: everywhere
         v.find_or_insert(np.arange(3), scores=np.ones(3, np.int64))
-    agree(v.size() == 0)
+    with pytest.raises(ValueError, match="custom"):
+        v.upsert(np.arange(3), np.ones((3, 2)), scores=np.ones(3, np.int64))
+    c = ne.Variable(2, comm=COMM, name="mismatch_custom", max_capacity=10, evict="custom")
+    with pytest.raises(ValueError):           # only rank 0 gives scores
+        c.upsert(np.arange(3), np.ones((3, 2)),
+                 scores=np.ones(3, np.int64) if RANK == 0 else None)
+    agree(v.size() == 0 and c.size() == 0)
 
 
 def accum_args(call, rank):
