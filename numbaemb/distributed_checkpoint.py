@@ -226,11 +226,11 @@ def load(path, comm=None, num_shards=None, partitioner=None, device=None, max_hb
     from .distributed import OPS
     from .variable import Variable
     path = _checks.as_path(path)        # (every rank has the same argument)
-    args = checkpoint._load_args(num_shards, partitioner, device, max_hbm_bytes, max_capacity,
-                                 evict_window)
     fit = max_capacity is not None
     world = size_of(comm)
     if world == 1:
+        args = checkpoint._load_args(num_shards, partitioner, device, max_hbm_bytes,
+                                     max_capacity, evict_window)
         d, man, parts = _sources(path)
         archives = [_open(d, p) for p in parts]
         try:
@@ -245,7 +245,9 @@ def load(path, comm=None, num_shards=None, partitioner=None, device=None, max_hb
     c = Comm.of(comm)
     with c.lock:
         opened, error = [], None
-        try:
+        try:                        # (bad arguments on one rank: every rank raises)
+            args = checkpoint._load_args(num_shards, partitioner, device, max_hbm_bytes,
+                                         max_capacity, evict_window)
             d, man, parts = _sources(path)
             same = (man is not None and man["world_size"] == world and partitioner is None
                     and man["variable"].get("partitioner", "default") == "default")

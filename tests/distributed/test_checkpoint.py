@@ -133,3 +133,13 @@ def test_path_that_is_a_file_or_differs_between_ranks(tmp_path_factory):
         v.save(f)
     with pytest.raises(ValueError, match="save on table"):
         v.save(os.path.join(d, f"r{RANK}"))
+
+
+def test_bad_load_arguments_on_one_rank_raise_on_every_rank(tmp_path_factory):
+    d = shared_tmpdir(tmp_path_factory)
+    trained("bad_args").save(d)
+    with pytest.raises(ValueError, match="max_capacity must be >= 1"):
+        ne.Variable.load(d, comm=COMM, max_capacity=0 if RANK == 0 else None)
+    with pytest.raises(ValueError, match="max_capacity given, but"):   # not a bounded table
+        ne.Variable.load(d, comm=COMM, max_capacity=10)
+    agree(ne.Variable.load(d, comm=COMM).size() > 0)
