@@ -142,7 +142,10 @@ def as_path(path, name="path") -> str:
     except TypeError:
         raise TypeError(f"{name} must be a str, bytes or os.PathLike file name, got "
                         f"{type(path).__name__}") from None
-    return os.fsdecode(path) if isinstance(path, bytes) else path
+    path = os.fsdecode(path) if isinstance(path, bytes) else path
+    if not path:
+        raise ValueError(f"{name} must name a file, got an empty string")
+    return path
 
 
 def positive_int(value, name, minimum=1) -> int:

@@ -81,8 +81,12 @@ def save(var, path):
         checkpoint._variable_manifest(var.local)    # an unsaveable config fails here, everywhere
         return d, 0
 
+    try:
+        arg = os.path.abspath(_checks.as_path(path))
+    except (TypeError, ValueError):
+        arg = repr(path)            # (prepare raises it inside the exchange: every rank)
     with c.lock:
-        d, _ = var._begin("save", prepare, os.path.abspath(_checks.as_path(path)))
+        d, _ = var._begin("save", prepare, arg)
         token = c.bcast(secrets.token_hex(6) if c.rank == 0 else None)
         name = _part_name(token, c.rank, c.size)
         try:

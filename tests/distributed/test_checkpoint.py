@@ -140,6 +140,8 @@ def test_bad_load_arguments_on_one_rank_raise_on_every_rank(tmp_path_factory):
     trained("bad_args").save(d)
     with pytest.raises(ValueError, match="max_capacity must be >= 1"):
         ne.Variable.load(d, comm=COMM, max_capacity=0 if RANK == 0 else None)
+    with pytest.raises(ValueError):                   # an empty path on one rank
+        trained("bad_path").save("" if RANK == 0 else os.path.join(d, "other"))
     with pytest.raises(ValueError, match="max_capacity given, but"):   # not a bounded table
         ne.Variable.load(d, comm=COMM, max_capacity=10)
     agree(ne.Variable.load(d, comm=COMM).size() > 0)

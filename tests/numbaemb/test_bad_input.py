@@ -535,3 +535,12 @@ def test_load_on_an_instance_raises_instead_of_leaving_it_as_it_was(tmp_path):
     loaded = ne.Variable.load(path)
     assert sorted(loaded.export()[0].tolist()) == [-1, 5]
     assert type(v).load(path).size() == 2
+
+
+def test_an_empty_checkpoint_path_is_a_value_error(tmp_path):
+    """(It wrote a temporary file beside the working directory, then failed the rename.)"""
+    v = ne.Variable(dim=2)
+    for call in (lambda: v.save(""), lambda: ne.Variable.load(b""),
+                 lambda: ne.checkpoint.load("")):
+        with pytest.raises(ValueError, match="path must name a file, got an empty string"):
+            call()
