@@ -393,7 +393,8 @@ class StringVariable(_variable_base()):
         before are kept (:meth:`StringKeys.sweep`) unless ``force``."""
         if len(self.names) <= (self.size() if force else 2 * self.size() + SWEEP_SLACK):
             return 0
-        with self._lock.write():
+        # (_mutate: not between another call's registration of strings and its insert)
+        with self._mutate, self._lock.write():
             ids = self.names.ids()
             have = np.zeros(ids.shape[0], np.bool_)
             host = self._arrays.host
