@@ -123,14 +123,13 @@ def test_bytes_and_errors(tmp_path):
     plain.upsert(np.array([5]), np.ones((1, 3)))
     path = str(tmp_path / "plain.nbe")
     plain.save(path)
-    with pytest.raises(ValueError, match="max_capacity given, but checkpoint .* without "
-                                         "max_capacity"):
-        ne.Variable.load(path, max_capacity=10)
-    with pytest.raises(ValueError, match="evict_window given"):
-        ne.Variable.load(path, evict_window=8)
-    with pytest.raises(ValueError, match="max_capacity must be >= 1"):
-        ne.Variable.load(path, max_capacity=0)
-    with pytest.raises(ValueError, match="evict_window must be a positive int or 'bucket'"):
-        ne.Variable.load(path, evict_window="buckets")
-    with pytest.raises(TypeError, match="max_capacity must be an int"):
-        ne.Variable.load(path, max_capacity=2.0)
+    for kw, error, match in [
+            (dict(max_capacity=10), ValueError, "max_capacity given, but checkpoint .* "
+                                                "without max_capacity"),
+            (dict(evict_window=8), ValueError, "evict_window given"),
+            (dict(max_capacity=0), ValueError, "max_capacity must be >= 1"),
+            (dict(evict_window="buckets"), ValueError, "evict_window must be a positive "
+                                                       "int or 'bucket'"),
+            (dict(max_capacity=2.0), TypeError, "max_capacity must be an int")]:
+        with pytest.raises(error, match=match):
+            ne.Variable.load(path, **kw)
