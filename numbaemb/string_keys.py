@@ -30,6 +30,7 @@ for its optimizer step.  String tables live in one process (not split across MPI
 ranks).
 """
 import threading
+from collections import deque
 from typing import NamedTuple
 
 import numpy as np
@@ -44,6 +45,7 @@ __all__ = ["StringKeys", "StringVariable", "Packed", "as_strings", "LEVELS"]
 
 LEVELS = 4                   # candidate ids per string; all taken is a ValueError
 SWEEP_SLACK = 4096           # names without a row tolerated beyond the table's keys
+RECENT_CALLS = 4             # registering calls whose new strings a sweep spares
 _COMPACT_MIN = 1 << 20       # arena garbage below this is never compacted
 
 
@@ -128,7 +130,9 @@ class StringKeys:
         self._garbage = 0
         self._deep = {}                      # level-0 id -> names living at levels >= 1
         self._deep_arr = np.empty(0, np.int64)
-        self._fresh, self._older = [], []    # ids registered since the last sweep, and before
+        # the ids of the last registering calls since the last sweep, and before it (a
+        # few calls: an unbounded table, which never sweeps, keeps no more)
+        self._fresh, self._older = deque(maxlen=RECENT_CALLS), deque(maxlen=RECENT_CALLS)
         self._lock = RWLock()
 
     def __len__(self):
@@ -258,13 +262,14 @@ class StringKeys:
 
     def sweep(self, rowless, protect=True):
         """Forget the strings of ``rowless`` (ids without a row), but (``protect``) those
-        registered since the sweep before this one: a training lookup's new strings wait
-        for its optimizer step.  Returns how many were forgotten."""
+        the last ``RECENT_CALLS`` registering calls before this sweep and before the one
+        before registered: a training lookup's new strings wait for its optimizer step.
+        Returns how many were forgotten."""
         with self._lock.write():
-            recent = self._fresh + self._older
+            recent = [*self._fresh, *self._older]
             if protect and recent:
                 rowless = rowless[~np.isin(rowless, np.concatenate(recent))]
-            self._older, self._fresh = self._fresh, []
+            self._older, self._fresh = self._fresh, deque(maxlen=RECENT_CALLS)
             return self._drop(rowless)
 
     def _drop(self, ids):
