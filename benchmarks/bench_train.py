@@ -22,8 +22,10 @@ sigmoid)``, binary cross-entropy, Adam(1e-3), ``model.fit``; then
 
 Prints ONE Markdown table (ids/s of training and of predict, ratio to the
 stock layer, TFRA's figure quoted from the issue and marked as not measured
-here, the targets and PASS/MISS), then a per-step breakdown of a numbaemb
-training step and the run's conditions (load average, threads, versions).
+here, the targets and PASS/MISS), the floor measured in the same run
+(``benchmarks/train_floor.py``: what any embedding must move a step, so the best
+share of the limit any embedding could reach here), then a per-step breakdown of a
+numbaemb training step and the run's conditions (load average, threads, versions).
 
     python benchmarks/bench_train.py                 # the issue's job (about 30 s to 3 minutes with the load)
     python benchmarks/bench_train.py --quick         # smoke run
@@ -99,6 +101,9 @@ def parse_args(argv=None):
     ap.add_argument("--no-limit", action="store_true",
                     help="skip the physical-limit row (an embedding that costs nothing)")
     ap.add_argument("--no-breakdown", action="store_true", help="skip the breakdown run")
+    ap.add_argument("--no-floor", action="store_true",
+                    help="skip the floor (benchmarks/train_floor.py: what any embedding "
+                         "must move a step)")
     ap.add_argument("--unfused", action="store_true",
                     help="add the default layer as it ran before issue 18 (gradient summed by "
                          "its own op, forward through the distinct ids' rows and a spread: "
@@ -592,6 +597,15 @@ def main(argv=None):
     print("Targets: " + "; ".join(targets) + ".")
     print("Copies at the TF hand-off (arrays re-aligned) during the timed steps: "
           + ", ".join(f"{k} {v}" for k, v in copies.items() if k not in ("stock", "limit")) + ".")
+    if limit and not args.no_floor:
+        import train_floor
+        pieces, _ = train_floor.floor(x[:8].reshape(8, -1))
+        least = min(ms for _, ms in pieces[:2]) + sum(ms for _, ms in pieces[2:])
+        best = IDS_PER_STEP / (IDS_PER_STEP / limit + least * 1e-3)
+        print("Floor (benchmarks/train_floor.py, this run): " + "; ".join(
+            f"{name} {ms:.2f} ms" for name, ms in pieces) + f": at least {least:.2f} ms a "
+            f"step, so no embedding trains faster than {fmt_rate(best)} ids/s here "
+            f"({best / limit:.0%} of the limit).")
     if bd:
         for k, (mine, ops, fn_ms, step_ms) in bd.items():
             rows, handoff, pyfunc, py_ms = breakdown_rows(mine, ops, fn_ms, step_ms)

@@ -50,14 +50,15 @@ def _median_ms(fn, before=None, n=15):
     return float(np.median(times)) * 1e3
 
 
-def floor(n_batches=8, seed=0):
-    """``[(piece, ms)]`` and the mean distinct ids a batch."""
+def floor(ids=None):
+    """``[(piece, ms)]`` and the mean distinct ids a batch of ``ids`` (``(n, 65,536)``
+    int64; default 8 batches of the job's stream)."""
     out = np.ones((POSITIONS, DIM), np.float32)
     big = np.ones((1 << 18, DIM), np.float32)               # 64 MB: evicts the caches
     src, dst = np.ones(64 << 20, np.float32), np.empty(64 << 20, np.float32)
     _write(out[:1], 0.0), _read(out[:1])                   # compiled
-    rng = np.random.default_rng(seed)
-    ids = rng.zipf(1.2, size=(n_batches, POSITIONS)) % VOCAB
+    if ids is None:
+        ids = np.random.default_rng(0).zipf(1.2, size=(8, POSITIONS)) % VOCAB
     distinct = float(np.mean([np.unique(b).shape[0] for b in ids]))
     copy_ms = _median_ms(lambda: np.copyto(dst, src), n=5)
     bandwidth = 2 * src.nbytes / (copy_ms * 1e-3)           # bytes/s, read + write
