@@ -58,9 +58,10 @@ Breakdown: after its timed chunks (so with the table the timed steps had), each
 numbaemb model's step is traced again with timers around the numpy-side pieces,
 trains 3 steps and then ``--profile-steps`` steps under ``tf.profiler`` (the
 timers: ``time.perf_counter`` inside each ``tf.numpy_function``).  TF op times
-come from the profile; "hand-off" is each ``tf.numpy_function`` op's time minus the time spent inside its Python function (GIL, numpy views
-of the inputs, tensors of the outputs).  Ops may overlap on two cores, so the
-pieces need not add up to the step.  The machine is shared: numbers are wall
+come from the profile; "hand-off" is each ``tf.numpy_function`` op's time minus
+the time spent inside its Python function (GIL, numpy views of the inputs,
+tensors of the outputs).  Ops may overlap on two cores, so the pieces need not
+add up to the step.  The machine is shared: numbers are wall
 times under the load printed below; compare the ratios of one run.
 """
 import argparse
