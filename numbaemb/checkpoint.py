@@ -277,7 +277,9 @@ def load(path, num_shards=None, partitioner=None, device=None, max_hbm_bytes=Non
       max_capacity, evict_window: a bounded table's size and index layout, to load it
         larger, smaller or in the other layout; default as saved.  When it holds more
         keys than ``max_capacity``, the lowest-scored are left out (the keys an insert
-        would evict first; on equal scores the later saved), with a warning.
+        would evict first; on equal scores the later saved), with a warning.  A table
+        saved without ``max_capacity`` loads as a bounded one (``evict="lru"``, one
+        shard, every key scored 0: older than any later insert) when its keys fit.
 
     Raises ``FileNotFoundError`` when ``path`` does not exist and ``ValueError``
     when it is truncated, corrupt, of another format version or not a
@@ -421,10 +423,15 @@ def make_variable(cfg, Variable, num_shards, partitioner, device, max_hbm_bytes,
     path = cfg["path"]
     resized = {k: a for k, a in (("max_capacity", max_capacity),
                                  ("evict_window", evict_window)) if a is not None}
-    if resized and "max_capacity" not in (cfg.get("bounded") or {}):
-        raise ValueError(f"{' and '.join(resized)} given, but checkpoint {path} holds a "
-                         f"table without max_capacity (they load a bounded table at another "
-                         f"size or layout)")
+    saved = dict(cfg.get("bounded") or {})
+    if resized and "max_capacity" not in saved:     # a table without bounds, made bounded
+        if max_capacity is None:
+            raise ValueError(f"evict_window given, but checkpoint {path} holds a table "
+                             f"without max_capacity: give max_capacity too")
+        from .variable import EVICT_WINDOW
+        saved = dict(saved, max_capacity=max_capacity, evict="lru", evict_window=EVICT_WINDOW,
+                     clock=0, epoch=None, last_step=saved.get("last_step", 0))
+        num_shards = 1 if num_shards is None else num_shards
     if not cfg["default"] and partitioner is None:
         warnings.warn(f"checkpoint {path} was saved with a custom partitioner; loading with the "
                       "default one (pass partitioner= to load to choose)", stacklevel=4)
@@ -434,7 +441,7 @@ def make_variable(cfg, Variable, num_shards, partitioner, device, max_hbm_bytes,
     hbm = max_hbm_bytes if max_hbm_bytes is not None else (cfg["max_hbm_bytes"] if on_gpu else None)
     kwargs = {} if target_device == "cpu" and hbm is None else \
         dict(device=target_device, max_hbm_bytes=hbm)
-    bounded = dict(cfg.get("bounded") or {}, **resized)
+    bounded = dict(saved, **resized)
     if "steps_to_live" in bounded:
         kwargs["steps_to_live"] = bounded.pop("steps_to_live")
     last_step = bounded.pop("last_step", None) if "max_capacity" not in bounded else None
@@ -578,9 +585,10 @@ def fill(v, archives, identity=False, keep=None, fit=False):
                             with io_.context():
                                 io_.put_rows(cname, base + a, np.take(chunk, p[a:b] - i, axis=0))
             reader.verify()
-        # Columns this saved shard lacked start from their initial values.
-        for cname in columns.keys() - saved_names:
-            for io_, p, base, keys in parts:
+        # Columns this saved shard lacked start from their initial values (and those no
+        # saved shard had: a bounded table's score, loading a table saved without bounds).
+        for io_, p, base, keys in parts:
+            for cname in sorted(io_.shard.columns.keys() - saved_names):
                 with io_.context():
                     io_.init_rows(cname, base, keys)
     for shard in v.shards:          # a bounded shard rebuilds its score copy by the index
@@ -596,8 +604,12 @@ def _best(sources, limit):
     scores = []
     for ar, s, size, layout, routes in sources:
         col = next((c for c in layout if c[0] == SCORE), None)
-        if col is None or col[1] != 1 or col[2] != np.int64:
-            raise _corrupt(ar.path, f"shard {s} of a bounded table has no int64 score column")
+        if col is None:
+            raise ValueError(f"checkpoint {ar.path} holds more keys than max_capacity={limit} "
+                             f"and no scores to choose them by (it was saved from a table "
+                             f"without max_capacity)")
+        if col[1] != 1 or col[2] != np.int64:
+            raise _corrupt(ar.path, f"shard {s}: the score column is not int64[1]")
         sc = _read_whole(ar, col[4], f"shards[{s}].score", np.dtype(np.int64), (size, 1))[:, 0]
         scores += [sc if p is None else sc[p] for _, p, _ in routes]
     everyone = np.concatenate(scores)

@@ -142,6 +142,9 @@ def test_bad_load_arguments_on_one_rank_raise_on_every_rank(tmp_path_factory):
         ne.Variable.load(d, comm=COMM, max_capacity=0 if RANK == 0 else None)
     with pytest.raises(ValueError):                   # an empty path on one rank
         trained("bad_path").save("" if RANK == 0 else os.path.join(d, "other"))
-    with pytest.raises(ValueError, match="max_capacity given, but"):   # not a bounded table
+    with pytest.raises(ValueError, match="no scores to choose them by"):   # too many keys
         ne.Variable.load(d, comm=COMM, max_capacity=10)
+    w = ne.Variable.load(d, comm=COMM, max_capacity=500)      # they fit: bounded now
+    agree(w.max_capacity == 500 and w.local.num_shards == 1
+          and w.size() == trained("bad_args_again").size())
     agree(ne.Variable.load(d, comm=COMM).size() > 0)

@@ -124,12 +124,29 @@ def test_bytes_and_errors(tmp_path):
     path = str(tmp_path / "plain.nbe")
     plain.save(path)
     for kw, error, match in [
-            (dict(max_capacity=10), ValueError, "max_capacity given, but checkpoint .* "
-                                                "without max_capacity"),
-            (dict(evict_window=8), ValueError, "evict_window given"),
+            (dict(evict_window=8), ValueError, "evict_window given, but checkpoint .* "
+                                               "without max_capacity: give max_capacity"),
             (dict(max_capacity=0), ValueError, "max_capacity must be >= 1"),
             (dict(evict_window="buckets"), ValueError, "evict_window must be a positive "
                                                        "int or 'bucket'"),
             (dict(max_capacity=2.0), TypeError, "max_capacity must be an int")]:
         with pytest.raises(error, match=match):
             ne.Variable.load(path, **kw)
+
+
+def test_a_table_without_bounds_loads_bounded_when_its_keys_fit(tmp_path):
+    """Its keys all come, scored 0 (older than any later insert: evicted first), in one
+    shard; more keys than ``max_capacity`` and no scores to choose by are refused."""
+    plain = ne.Variable(dim=3, num_shards=3, name="grown")
+    keys = np.array(EXTREMES + list(range(1, 21)), np.int64)
+    plain.upsert(keys, np.arange(3 * keys.size, dtype=np.float32).reshape(-1, 3))
+    path = str(tmp_path / "grown.nbe")
+    plain.save(path)
+    u = ne.Variable.load(path, max_capacity=30, evict_window=8)
+    assert (u.max_capacity, u.evict, u.evict_window, u.num_shards) == (30, "lru", 8, 1)
+    np.testing.assert_array_equal(u.lookup(keys), plain.lookup(keys))
+    np.testing.assert_array_equal(_scores(u, keys), np.zeros(keys.size, np.int64))
+    u.find_or_insert(np.arange(100, 110))            # 10 new keys: 4 loaded ones evicted
+    assert u.size() == 30 and u.lookup(np.arange(100, 110), return_exists=True)[1].all()
+    with pytest.raises(ValueError, match="more keys than max_capacity=10 and no scores"):
+        ne.Variable.load(path, max_capacity=10)
