@@ -191,14 +191,8 @@ def admitted(variable, keys, flat):
     f = getattr(variable, "admit", None)
     if f is None or not flat.shape[0]:
         return None
-    host = variable._arrays.host          # (a GPU table's keys and rows: to the host,
-    present = np.zeros(flat.shape[0], np.bool_)     # where the filter counts)
-    for shard, pos, k in variable._parts(keys, flat):
-        found = host(shard.find_rows(k)) >= 0
-        if pos is None:
-            present[:] = found
-        else:
-            present[host(pos)] = found
+    host = variable._arrays.host          # (the filter counts on the host)
+    present = variable._present(keys, flat)
     absent = np.flatnonzero(~present)
     if not absent.shape[0]:
         return None

@@ -64,6 +64,16 @@ CPU_BUCKETS = SimpleNamespace(
     stretches_for=lambda cap: stretches_for())
 
 
+def highest_first(scores):
+    """Positions of the int64 ``scores``, the highest first, equal ones in their order
+    (``~``: descending with no overflow, where ``-`` keeps INT64_MIN as it is).
+
+    >>> highest_first(np.array([3, -2**63, 7, 3])).tolist()
+    [2, 0, 3, 1]
+    """
+    return np.argsort(~np.asarray(scores, np.int64).reshape(-1), kind="stable")
+
+
 class BoundedRows:
     """A bounded shard's work, on the CPU (:class:`BoundedShard`) or a GPU
     (:class:`numbaemb.cuda_bounded.CudaBoundedShard`): the kernels come from ``_bk``

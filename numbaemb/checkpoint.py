@@ -600,7 +600,7 @@ def _best(sources, limit):
     """``(sources, left out)``: :func:`fill`'s saved shards with only the ``limit``
     highest-scored of their routed keys (the ties: the first saved), positions in
     saved order as before."""
-    from .bounded import SCORE
+    from .bounded import SCORE, highest_first
     scores = []
     for ar, s, size, layout, routes in sources:
         col = next((c for c in layout if c[0] == SCORE), None)
@@ -614,7 +614,7 @@ def _best(sources, limit):
         scores += [sc if p is None else sc[p] for _, p, _ in routes]
     everyone = np.concatenate(scores)
     taken = np.zeros(everyone.shape[0], np.bool_)
-    taken[np.argsort(~everyone, kind="stable")[:limit]] = True     # ~: descending, no overflow
+    taken[highest_first(everyone)[:limit]] = True
     out, at = [], 0
     for ar, s, size, layout, routes in sources:
         kept = []

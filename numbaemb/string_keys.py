@@ -332,7 +332,7 @@ class StringVariable(_variable_base()):
     def __init__(self, dim, **kwargs):
         super().__init__(dim, **kwargs)
         self.names = StringKeys()
-        self._mutate = threading.RLock()
+        self._mutate = threading.RLock()    # (a sweep takes it inside an inserting call)
 
     @property
     def _id_dtype(self):
@@ -373,10 +373,8 @@ class StringVariable(_variable_base()):
     def find_or_insert(self, keys, return_exists=False, **kwargs):
         """:meth:`numbaemb.Variable.find_or_insert`; ``return_evicted``'s keys are the
         evicted strings (an object array of bytes)."""
-        with self._mutate:      # (re-entered by an admission filter's inner call)
+        with self._mutate:
             out = super().find_or_insert(keys, return_exists, **kwargs)
-            if kwargs.get("_admitted_call"):      # (the outer call names and sweeps)
-                return out
             if kwargs.get("return_evicted"):
                 at = 2 if return_exists else 1
                 out = (*out[:at], self.names.strings(self._arrays.host(out[at])),
@@ -401,14 +399,7 @@ class StringVariable(_variable_base()):
         # (_mutate: not between another call's registration of strings and its insert)
         with self._mutate, self._lock.write():
             ids = self.names.ids()
-            have = np.zeros(ids.shape[0], np.bool_)
-            host = self._arrays.host
-            for shard, pos, k in self._parts(*super()._keys(ids)):
-                found = host(shard.find_rows(k)) >= 0
-                if pos is None:
-                    have[:] = found
-                else:
-                    have[host(pos)] = found
+            have = self._present(*super()._keys(ids))
             return self.names.sweep(ids[~have], protect=not force)
 
     def remove(self, keys):

@@ -242,6 +242,19 @@ class Variable:
         resolve strings to ids here (``insert``: registering new ones)."""
         return _checks.as_keys(keys, self._id_dtype, name)
 
+    def _present(self, keys, flat):
+        """Host bool mask: which of ``flat`` (the keys of :meth:`_keys`) have a row
+        (probe only; the caller holds the lock)."""
+        host = self._arrays.host          # (a GPU table's rows: to the host)
+        present = np.zeros(flat.shape[0], np.bool_)
+        for shard, pos, k in self._parts(keys, flat):
+            found = host(shard.find_rows(k)) >= 0
+            if pos is None:
+                present[:] = found
+            else:
+                present[host(pos)] = found
+        return present
+
     def _count_new(self, keys) -> int:
         """How many of the distinct ``keys`` are absent (each shard's probe-only count:
         no rows are read)."""
@@ -387,7 +400,7 @@ class Variable:
         n, a = flat.shape[0], self._arrays
         out = a.empty((n, self.dim), self._store) if out is None else self._out(out, n)
         exists = a.empty(n, np.bool_)
-        if self.admit is not None and not _admitted_call:
+        if self.admit is not None and not _admitted_call:   # (the inner call: see below)
             with self._lock.write():
                 ok = admitted(self, keys, flat)
             if ok is not None:
@@ -441,8 +454,8 @@ class Variable:
         filter's verdict); the others read their initial values and are absent."""
         a = self._arrays
         flat = a.host(flat)         # (a GPU table: put together on the host, then moved)
-        sub = self.find_or_insert(
-            flat[ok], return_exists=True, return_evicted=return_evicted, _admitted_call=True,
+        sub = Variable.find_or_insert(      # (this class's: not a subclass's wrapper)
+            self, flat[ok], return_exists=True, return_evicted=return_evicted, _admitted_call=True,
             scores=None if scores is None else np.asarray(scores).reshape(-1)[ok])
         rest = a.host(self.lookup(flat[~ok]))
         if self.device != "cpu":     # (out was made for the device: rows meet on the host)

@@ -58,7 +58,7 @@ import tensorflow as tf
 
 import numbaemb
 from numbaemb import _checks
-from numbaemb.bounded import BUCKET, SCORE
+from numbaemb.bounded import BUCKET, SCORE, highest_first
 
 __all__ = ["table_state", "restore_table_state", "KerasTableSaving", "STATE_NAMES", "saveable",
            "FORMAT"]
@@ -417,8 +417,7 @@ def _best_first(table, keys, values, cols):
                          f"was saved from a table without max_capacity)")
     if not over and not (getattr(table.shards[0], "bucketed", False) and score):
         return keys, values, cols, 0
-    # ~: descending order without the overflow of -INT64_MIN
-    order = np.argsort(~np.asarray(score[0], np.int64).reshape(-1), kind="stable")
+    order = highest_first(score[0])
     order = order[:limit] if over else order
     return (keys[order], values[order], [(*c[:4], c[4][order]) for c in cols],
             keys.shape[0] - order.shape[0])
