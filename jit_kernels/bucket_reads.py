@@ -63,7 +63,7 @@ lookup_rows = BySize(twin_of(_ct.lookup_rows.parallel, "__buckets", _HELPERS), 2
 def lookup(slots, mask, keys, values, out, exists, kind, a, b, seed, const):
     """:func:`jit_kernels.cpu_table.lookup` on a bucketed index."""
     lookup_rows(slots, mask, keys, values, out, exists, kind, a, b, seed, const,
-                np.empty(keys.shape[0], np.int64))
+                np.empty(keys.shape[0], np.int64), _ct.STREAM_MIN)
 
 
 @njit(nogil=True, cache=True)

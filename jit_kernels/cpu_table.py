@@ -31,6 +31,7 @@ from ._twins import BySize
 from .initializers import init_row
 from .probing import accum_group, erase_key, find_or_insert_key, find_row, insert_unique
 from .slots import first_slot, is_full
+from .streams import CHUNK, STREAM_MIN, copy_row, store_fence, streams
 
 _opts = dict(parallel=True, nogil=True, cache=True)
 
@@ -125,16 +126,20 @@ def prefetch_row(values, r, write):
 
 def lookup(slots, mask, keys, values, out, exists, kind, a, b, seed, const):
     """out[i] = values[row(keys[i])], or the key's initial value when absent;
-    ``exists[i]`` whether the key is present (:func:`lookup_rows` with its scratch)."""
+    ``exists[i]`` whether the key is present (:func:`lookup_rows` with its scratch; a
+    large output is written with streaming stores, :mod:`jit_kernels.streams`)."""
     lookup_rows(slots, mask, keys, values, out, exists, kind, a, b, seed, const,
-                np.empty(keys.shape[0], np.int64))
+                np.empty(keys.shape[0], np.int64), STREAM_MIN)
 
 
 @njit(**_opts)
-def lookup_rows(slots, mask, keys, values, out, exists, kind, a, b, seed, const, rows):
+def lookup_rows(slots, mask, keys, values, out, exists, kind, a, b, seed, const, rows,
+                stream_min):
     """:func:`lookup`, given ``rows`` (n,) int64 to hold each key's row between the
-    probe pass and the copy (any contents).  (Not allocated here: an ``np.empty`` in a
-    kernel is an overload that every cold process compiles with it, 0.1 s.)"""
+    probe pass and the copy (any contents), and the least output bytes written with
+    streaming stores, ``stream_min`` (:func:`jit_kernels.streams.streams`).  (``rows``
+    is not allocated here: an ``np.empty`` in a kernel is an overload that every cold
+    process compiles with it, 0.1 s.)"""
     n = keys.shape[0]
     for i in prange(n):                   # probe every key (slots requested ahead) ...
         if i + AHEAD < n:
@@ -142,17 +147,21 @@ def lookup_rows(slots, mask, keys, values, out, exists, kind, a, b, seed, const,
         if i + AHEAD // 2 < n:
             prefetch_second(slots, mask, keys[i + AHEAD // 2])
         rows[i] = find_row(slots, mask, keys[i])
-    for i in prange(n):                   # ... then copy the rows (rows requested ahead)
-        if i + ROWS_AHEAD < n and rows[i + ROWS_AHEAD] >= 0:
-            prefetch_row(values, rows[i + ROWS_AHEAD], False)
-        r = rows[i]
-        if r >= 0:
-            for c in range(out.shape[1]):
-                out[i, c] = values[r, c]
-            exists[i] = True
-        else:
-            init_row(out[i], keys[i], kind, a, b, seed, const)
-            exists[i] = False
+    stream = streams(out, values, stream_min)
+    for t in prange((n + CHUNK - 1) // CHUNK):   # ... then copy the rows (rows requested
+        end = min(n, (t + 1) * CHUNK)            # ahead), CHUNK at a time, then a fence
+        for i in range(t * CHUNK, end):
+            if i + ROWS_AHEAD < end and rows[i + ROWS_AHEAD] >= 0:
+                prefetch_row(values, rows[i + ROWS_AHEAD], False)
+            r = rows[i]
+            if r >= 0:
+                copy_row(out, i, values, r, stream)
+                exists[i] = True
+            else:
+                init_row(out[i], keys[i], kind, a, b, seed, const)
+                exists[i] = False
+        if stream:
+            store_fence()
 
 
 @njit(**_opts)

@@ -36,7 +36,7 @@ row) and ``n_absent`` (absent positions).
 >>> n_uniq, n_absent = np.zeros(1, np.int64), np.zeros(1, np.int64)
 >>> lookup_tables(addresses([arrays]), np.array([[3, 2, 0, 32, 2]]), np.array([15]),
 ...               np.array([CONSTANT]), np.zeros(1), np.zeros(1), np.zeros(1, np.int64),
-...               True, n_uniq, n_absent, arrays[2])
+...               True, n_uniq, n_absent, arrays[2], 1 << 20)
 >>> arrays[3].tolist(), n_uniq.tolist(), n_absent.tolist(), arrays[7].tolist()
 ([[1.0, 2.0], [1.0, 2.0], [1.0, 2.0]], [2], [3], [0, 0, 1])
 """
@@ -91,9 +91,10 @@ def _mat(address, n, d, dtype):
 
 
 @njit(nogil=True, cache=True, parallel=True)
-def lookup_tables(ptrs, sizes, masks, kinds, a, b, seeds, unique, n_uniq, n_absent, like):
+def lookup_tables(ptrs, sizes, masks, kinds, a, b, seeds, unique, n_uniq, n_absent, like,
+                  stream_min):
     """Every table's lookup (and with ``unique`` its distinct ids and absent rows);
-    see the module docstring."""
+    see the module docstring (``stream_min``: :func:`jit_kernels.cpu_table.lookup_rows`')."""
     for t in prange(ptrs.shape[0]):
         n, d, r, s, c = sizes[t, 0], sizes[t, 1], sizes[t, 2], sizes[t, 3], sizes[t, 4]
         p = ptrs[t]
@@ -104,7 +105,7 @@ def lookup_tables(ptrs, sizes, masks, kinds, a, b, seeds, unique, n_uniq, n_abse
             n_uniq[t] = _unique_serial_alloc(keys, _vec(p[6], n, np.int64), inverse)
         _lookup_serial(_vec(p[1], s, np.int64), masks[t], keys, _mat(p[2], r, d, like.dtype),
                        out, exists, kinds[t], a[t], b[t], seeds[t], _vec(p[5], c, np.float64),
-                       np.empty(n, np.int64))
+                       np.empty(n, np.int64), stream_min)
         if unique:
             n_absent[t] = _absent_rows(exists, inverse, out, n_uniq[t],
                                        _vec(p[8], n, np.bool_), _mat(p[9], n, d, like.dtype))

@@ -30,6 +30,7 @@ import numpy as np
 
 from jit_kernels.multi import (RULES, addresses, apply_tables, lookup_bucket_tables,
                                lookup_tables)
+from jit_kernels.streams import STREAM_MIN
 
 from . import _ahead, _checks
 from . import optimizers as opt
@@ -122,7 +123,8 @@ def _run(group, tables, keys, outs, unique, results, bucketed):
     kernel = lookup_bucket_tables if bucketed else lookup_tables
     kernel(addresses(per_table), np.array(sizes, np.int64), masks.astype(np.int64),
                   kinds.astype(np.int64), a.astype(np.float64), b.astype(np.float64),
-                  seeds.astype(np.int64), unique, n_uniq, n_absent, per_table[0][2][:0])
+                  seeds.astype(np.int64), unique, n_uniq, n_absent, per_table[0][2][:0],
+                  STREAM_MIN)
     for j, t in enumerate(group):
         arrays = per_table[j]
         if not unique:
