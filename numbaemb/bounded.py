@@ -39,11 +39,12 @@ from jit_kernels.buckets import (BUCKET, bucket_capacity, empty_buckets, place_a
                                  place_by_score)
 from jit_kernels.initializers import ZEROS
 
+from . import _checks
 from ._arena import index_empty
 from ._memory import kept_view
 from .shard import Shard, _index_capacity
 
-__all__ = ["BoundedShard", "BoundedRows", "POLICIES"]
+__all__ = ["BoundedShard", "BoundedRows", "POLICIES", "check_bounds"]
 
 POLICIES = tuple(kb.POLICIES)
 SCORE = "score"          # the row-aligned score column (checkpointed with the rest)
@@ -442,3 +443,32 @@ class BoundedShard(BoundedRows, Shard):
         touch_rows[acts] = rows[np.searchsorted(pos, touch[acts])]
         ka.accum_apply(order, starts, touch, touch_rows, present, self.values, old, new, exists,
                        np.empty(keys.shape[0], np.int64), np.empty(keys.shape[0], np.bool_))
+
+
+EVICT_WINDOW = "bucket"     # where a new key of a bounded table looks for its victim: its
+# bucket of 32 slots (HierarchicalKV's layout); an int: that many slots of a linear index
+MAX_CAPACITY = 1 << 48      # the largest bound (its index is allocated up front)
+
+
+def check_bounds(max_capacity, evict, window, num_shards):
+    """Checked ``(max_capacity, evict, window)`` of a bounded table (None, ... if not)."""
+    if evict not in POLICIES:
+        raise ValueError(f"evict must be one of {list(POLICIES)}, got {evict!r}")
+    if not (isinstance(window, str) and window == BUCKETS):
+        if isinstance(window, str):
+            raise ValueError(f"evict_window must be a positive int or {BUCKETS!r}, "
+                             f"got {window!r}")
+        window = _checks.positive_int(window, "evict_window")
+    if max_capacity is None:
+        if evict != "lru" or window != EVICT_WINDOW:
+            raise ValueError(f"evict={evict!r} and evict_window={window} need max_capacity "
+                             f"(a table without max_capacity grows and never evicts)")
+        return None, evict, window
+    max_capacity = _checks.positive_int(max_capacity, "max_capacity")
+    if max_capacity > MAX_CAPACITY:
+        raise ValueError(f"max_capacity must be <= 2**48 (a bounded table's index is made "
+                         f"for it up front, 50-100 bytes a key), got {max_capacity}")
+    if num_shards != 1:
+        raise ValueError(f"a bounded table (max_capacity) has one shard (its kernels run in "
+                         f"parallel within it), got num_shards={num_shards}")
+    return max_capacity, evict, window

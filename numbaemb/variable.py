@@ -28,6 +28,8 @@ from . import initializers as inits
 from ._device import DeviceArrays, HostArrays, parse_device
 from ._lock import RWLock
 from .admission import admitted
+from .bounded import EVICT_WINDOW
+from .bounded import check_bounds as _bounds
 from .shard import Shard
 from .sharding import default_partitioner, split
 
@@ -54,9 +56,6 @@ def sequential_exists(keys, found):
     return ~(new_key[inv] & first)
 
 
-EVICT_WINDOW = "bucket"     # where a new key of a bounded table looks for its victim: its
-# bucket of 32 slots (HierarchicalKV's layout); an int: that many slots of a linear index
-MAX_CAPACITY = 1 << 48      # the largest bound (its index is allocated up front)
 
 
 class Variable:
@@ -672,28 +671,3 @@ def get_variable(name, dim, **kwargs) -> Variable:
         raise ValueError(f"variable {name!r} already exists with another configuration: "
                          + ", ".join(f"{k}: existing {a!r}, requested {b!r}" for k, (a, b) in diff.items()))
     return old
-
-
-def _bounds(max_capacity, evict, window, num_shards):
-    """Checked ``(max_capacity, evict, window)`` of a bounded table (None, ... if not)."""
-    from .bounded import BUCKETS, POLICIES
-    if evict not in POLICIES:
-        raise ValueError(f"evict must be one of {list(POLICIES)}, got {evict!r}")
-    if not (isinstance(window, str) and window == BUCKETS):
-        if isinstance(window, str):
-            raise ValueError(f"evict_window must be a positive int or {BUCKETS!r}, "
-                             f"got {window!r}")
-        window = _checks.positive_int(window, "evict_window")
-    if max_capacity is None:
-        if evict != "lru" or window != EVICT_WINDOW:
-            raise ValueError(f"evict={evict!r} and evict_window={window} need max_capacity "
-                             f"(a table without max_capacity grows and never evicts)")
-        return None, evict, window
-    max_capacity = _checks.positive_int(max_capacity, "max_capacity")
-    if max_capacity > MAX_CAPACITY:
-        raise ValueError(f"max_capacity must be <= 2**48 (a bounded table's index is made "
-                         f"for it up front, 50-100 bytes a key), got {max_capacity}")
-    if num_shards != 1:
-        raise ValueError(f"a bounded table (max_capacity) has one shard (its kernels run in "
-                         f"parallel within it), got num_shards={num_shards}")
-    return max_capacity, evict, window
