@@ -314,6 +314,7 @@ class Timers:
 
 def patch_for_breakdown(timers):
     """Timers around every numpy-side piece of a numbaemb training step."""
+    import numbaemb._deferred as dfr
     import numbaemb.optimizers as ne_opt
     import tf_bridge.lookup as lk
     import tf_bridge.optimizer as op
@@ -331,6 +332,10 @@ def patch_for_breakdown(timers):
     w(cpu_table, "find_or_insert_rows", "apply: find_or_insert (probe, insert)")
     w(cpu_table, "init_rows", "apply: initial rows of new ids (other columns, draws)")
     w(jk, "adam_rows", "apply: Adam row update (new rows started in the same pass)")
+    # a deferred update (tf_bridge.optimizer.DEFERRED) runs on numbaemb's worker thread: the
+    # whole of it, and the time the next lookup waits for it
+    w(op, "_run_parts", "apply: the whole update")
+    w(dfr.Job, "wait", "forward: wait for the previous step's deferred update")
     # the python function inside each tf.numpy_function (to get the hand-off)
     for mod in (lk, tv, op):
         orig = mod.numpy_call
@@ -415,21 +420,31 @@ def breakdown_rows(mine, ops, fn_ms, step_ms):
 
     pyfunc = {k: v for k, v in ops.items()
               if k.endswith((":PyFunc", ":PyFuncStateless", ":EagerPyFunc"))}
-    for label in ("forward: unique (Numba)",
-                  "forward: table lookup (probe, rows copied out, initial rows of absent ids)",
-                  "forward: spread rows to positions (Numba)"):
-        add(label, mine.get(label, 0.0))
+    wait = "forward: wait for the previous step's deferred update"
+    lookup = "forward: table lookup (probe, rows copied out, initial rows of absent ids)"
+    add("forward: unique (Numba)", mine.get("forward: unique (Numba)", 0.0))
+    if mine.get(wait):
+        add(wait, mine[wait])
+    add(lookup, max(0.0, mine.get(lookup, 0.0) - mine.get(wait, 0.0)))
+    add("forward: spread rows to positions (Numba)",
+        mine.get("forward: spread rows to positions (Numba)", 0.0))
     add("backward: segment-sum per distinct id (Numba)",
         mine.get("backward: segment-sum per distinct id (Numba)", 0.0))
     apply_labels = ("apply: unique + segment-sum (of the lookup's gradient rows, fused)",
                     "apply: find_or_insert (probe, insert)",
                     "apply: initial rows of new ids (other columns, draws)",
                     "apply: Adam row update (new rows started in the same pass)")
-    for label in apply_labels:
-        add(label, mine.get(label, 0.0))
     apply_py = sum(v for k, v in mine.items() if k.startswith("py:") and k.endswith("_apply"))
-    add("apply: the rest (locks, table growth, copies, checks)",
-        max(0.0, apply_py - sum(mine.get(label, 0.0) for label in apply_labels)))
+    whole = mine.get("apply: the whole update", 0.0)
+    deferred = whole > apply_py        # the update ran after the op returned
+    for label in apply_labels:
+        add(label + (" [deferred]" if deferred else ""), mine.get(label, 0.0))
+    add("apply: the rest (locks, table growth, copies, checks)" + (" [deferred]" if deferred
+                                                                   else ""),
+        max(0.0, (whole if deferred else apply_py)
+            - sum(mine.get(label, 0.0) for label in apply_labels)))
+    if deferred:
+        add("apply op: its numpy call (the update deferred, not waited for)", apply_py)
     py_ms = sum(v for k, v in mine.items() if k.startswith("py:"))
     handoff = max(0.0, sum(pyfunc.values()) - py_ms)
     other = op_ms(lambda k: k not in pyfunc)
@@ -619,6 +634,11 @@ def main(argv=None):
             for label, ms in rows:
                 if ms >= 0.005 or label.startswith(("TF graph", "hand-off")):
                     print(f"| {label} | {ms:.2f} | {ms / step_ms:.0%} |")
+            if any(label.endswith("[deferred]") for label, _ in rows):
+                print("\n[deferred]: run on numbaemb's worker thread after the step's op "
+                      "returned (tf_bridge.optimizer.DEFERRED), beside Keras' loop and the "
+                      "next step's first ops; the next lookup's wait is what of it the step "
+                      "still waits for (the shares overlap and do not add up).")
             top = sorted(((v, n) for n, v in ops.items()), reverse=True)[:8]
             print()
             print("Largest ops: " + "; ".join(f"{n.split(':')[0].split('/')[-1]} "

@@ -333,8 +333,18 @@ class Variable:
                              f"{(n, self.dim)}, got {out.dtype} {out.shape}")
         return out.view(self._store)
 
+    def block_until_ready(self):
+        """Wait for this table's deferred work: a Keras training step's update of the table
+        runs after the step returns (``tf_bridge.optimizer.DEFERRED``), and every other
+        call on the table waits for it first, so calling this is never needed for
+        correct results; it raises that update's error, if any (``RuntimeError``).
+        Returns the table."""
+        self._lock.settle()
+        return self
+
     def size(self, index=None) -> int:
         """Number of keys, in all shards or in shard ``index``."""
+        self._lock.settle()
         if index is None:
             return sum(s.size for s in self.shards)
         if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer)):
@@ -478,6 +488,7 @@ class Variable:
     @property
     def epoch(self) -> int:
         """The epoch set by :meth:`set_epoch`, else the last optimizer step (0 before)."""
+        self._lock.settle()
         return self._last_step if self._epoch is None else self._epoch
 
     def _check_scores(self, scores, shape):

@@ -43,12 +43,15 @@ row-aligned columns of the variable's own table either way, so
 already adds each step's change to the current row for every optimizer whose
 update is additive (all but FTRL).
 """
+import os
+
 import keras
 import numpy as np
 import tensorflow as tf
 
 from numbaemb import multi as ne_multi
 from numbaemb import optimizers as ne_opt
+from numbaemb._deferred import defer
 
 from .dlpack import from_tf, numpy_call
 from .lookup import is_distinct, positions_of, take_fresh
@@ -253,6 +256,17 @@ class DynamicEmbeddingOptimizer(keras.optimizers.Optimizer):
                 self._inner.iterations.assign_add(1)
             self._iterations.assign_add(1)
 
+    def finalize_variable_values(self, var_list):
+        """Keras calls this when ``fit`` ends: the dynamic tables' last (deferred) update
+        is waited for here, so ``fit`` returns with every step applied and raises a
+        failed update's error."""
+        dense = [v for v in var_list if owner_of(v) is None]
+        for v in var_list:
+            owner = owner_of(v)
+            if owner is not None and not owner.distributed:
+                owner.table.block_until_ready()
+        self._inner.finalize_variable_values(dense)
+
     # ---- dynamic variables --------------------------------------------------------------
     def _prepare(self, values):
         """Loss-scale and clipping of the wrapped optimizer, on summed per-id rows."""
@@ -293,6 +307,11 @@ class DynamicEmbeddingOptimizer(keras.optimizers.Optimizer):
 FUSED = True
 # One numpy_call a step for all of a process's tables (False: one per table, as before).
 BATCHED = True
+# A Keras step's fused update of plain CPU tables runs after the step's op returns, on
+# numbaemb's worker thread (numbaemb._deferred): it overlaps Keras' loop and the next
+# batch's first ops, and every later call on those tables waits for it, so results are
+# bit for bit the same.  Read at every step; env NUMBAEMB_DEFERRED=0 turns it off.
+DEFERRED = os.environ.get("NUMBAEMB_DEFERRED", "1").strip() != "0"
 
 def apply_dynamic_all(items, step, lr, rule, bp_v2=None, prepare=None):
     """Apply each ``(var, grads)`` of ``items`` (``grads``: the ``tf.IndexedSlices`` of
@@ -312,18 +331,20 @@ def apply_dynamic_all(items, step, lr, rule, bp_v2=None, prepare=None):
 
         def run(s, r, *arrays, group=group, sizes=sizes):
             s, r, at = int(s), float(r), 0
-            together = []
+            parts = []
             for (var, _, fn), n in zip(group, sizes):
                 part = arrays[at:at + n]
                 at += n
-                if getattr(fn, "joins", False):
-                    together.append((var, part, fn))
-                else:
-                    fn(s, r, *part)
-            if len(together) == 1:
-                together[0][2](s, r, *together[0][1])
-            elif together:
-                _step_many(rule, [(var, part) for var, part, _ in together], s, r)
+                # the initial rows the last lookup drew, taken now: the next lookup
+                # replaces them (fused steps only; see take_fresh)
+                fresh = take_fresh(var, part[0]) if getattr(fn, "fused", False) else None
+                parts.append((var, part, fn, fresh))
+            if DEFERRED and all(getattr(fn, "defers", False) for _, _, fn, _ in parts):
+                names = ", ".join(repr(p[0].name) for p in parts)
+                defer([p[0].table._lock for p in parts], lambda: _run_parts(rule, parts, s, r),
+                      f"the optimizer step {s} of dynamic table(s) {names}")
+            else:
+                _run_parts(rule, parts, s, r)
             return ()
 
         var = group[0][0]
@@ -333,16 +354,38 @@ def apply_dynamic_all(items, step, lr, rule, bp_v2=None, prepare=None):
     return out
 
 
+def _run_parts(rule, parts, s, r):
+    """The steps of ``parts`` ``[(var, arrays, fn, fresh)]``: plain tables' fused steps
+    in one kernel call (:func:`_step_many`), the others one by one."""
+    together = []
+    for var, part, fn, fresh in parts:
+        if getattr(fn, "joins", False):
+            together.append((var, part, fn, fresh))
+        else:
+            _call(fn, s, r, part, fresh)
+    if len(together) == 1:
+        _, part, fn, fresh = together[0]
+        _call(fn, s, r, part, fresh)
+    elif together:
+        _step_many(rule, [(var, part, fresh) for var, part, _, fresh in together], s, r)
+
+
+def _call(fn, s, r, part, fresh):
+    return fn(s, r, *part, fresh=fresh) if getattr(fn, "fused", False) else fn(s, r, *part)
+
+
 def _plan(var, grads, rule, bp_v2, prepare):
     """``(input tensors, fn(step, lr, *arrays))`` of one table's step (checked)."""
     bp_v2 = var.bp_v2 if bp_v2 is None else bp_v2
     fused = _fused_parts(var, grads, bp_v2, prepare)
     if fused is not None:
-        def fused_step(s, r, k, inv, rows):
-            _step(var, rule, k, rows, s, r, False, True, inverse=inv)
+        def fused_step(s, r, k, inv, rows, fresh=None):
+            _step(var, rule, k, rows, s, r, False, True, inverse=inv, fresh=fresh)
+        fused_step.fused = True
         # plain tables' fused steps run in one kernel call (_step_many)
         fused_step.joins = (not var.string_keys and var._pending is None
                             and ne_multi.trains_with_others(var.table))
+        fused_step.defers = _defers(var)
         return list(fused), fused_step
     keys, values = [], []
     for g in grads:
@@ -385,20 +428,36 @@ def _fused_parts(var, grads, bp_v2, prepare):
 
 
 # ---- numpy side: one call per dynamic variable per step -------------------------------------
+def _defers(var):
+    """Whether ``var``'s fused step may run deferred (:data:`DEFERRED`): a plain table in
+    this process's memory whose step cannot fail on its input (no ``max_keys``) and
+    touches nothing but the table (no callable initializer's rows, no string names)."""
+    table = var.table
+    return (not var.distributed and not var.string_keys and var._pending is None
+            and getattr(table, "device", "cpu") == "cpu" and table.max_keys is None)
+
+
 def _step_many(rule, items, step, lr):
     """The fused steps (``_step(..., inverse=...)``) of several plain tables, ``items``
-    ``[(var, (keys, inverse, rows))]``, in one kernel call (:func:`numbaemb.multi.apply_many`;
-    the same results as one ``_step`` a table)."""
-    ne_multi.apply_many([v.table for v, _ in items], rule, [p[0] for _, p in items],
-                        [p[2] for _, p in items], [p[1] for _, p in items],
-                        [take_fresh(v, p[0]) for v, p in items], step=step, learning_rate=lr)
-    for var, (keys, _, _) in items:
+    ``[(var, (keys, inverse, rows), fresh)]`` (``fresh``: :func:`take_fresh`'s), in one
+    kernel call (:func:`numbaemb.multi.apply_many`; the same results as one ``_step`` a
+    table)."""
+    ne_multi.apply_many([v.table for v, _, _ in items], rule, [p[0] for _, p, _ in items],
+                        [p[2] for _, p, _ in items], [p[1] for _, p, _ in items],
+                        [f for _, _, f in items], step=step, learning_rate=lr)
+    for var, (keys, _, _), _ in items:
         _restricted(var, keys)
 
 
-def _step(var, rule, keys, grads, step, lr, bp_v2, distinct=False, inverse=None):
+_TAKE = object()
+
+
+def _step(var, rule, keys, grads, step, lr, bp_v2, distinct=False, inverse=None, fresh=_TAKE):
+    """``fresh``: the initial rows the last lookup drew (:func:`take_fresh`), taken here
+    unless the caller took them."""
     var.insert_initial_values(keys)          # callable initializers: rows the loss saw
-    fresh = take_fresh(var, keys) if distinct and not bp_v2 else None
+    if fresh is _TAKE:
+        fresh = take_fresh(var, keys) if distinct and not bp_v2 else None
     ne_opt.apply_gradients(var.table, rule, keys, grads, step=step, learning_rate=lr,
                            assume_unique=distinct, delta=bp_v2, inverse=inverse,
                            initial_rows=fresh)   # initial rows the lookup drew: not redrawn
