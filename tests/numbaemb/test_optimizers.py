@@ -244,13 +244,17 @@ def test_delta_adds_the_change_to_rows_written_meanwhile():
 
 @pytest.mark.parametrize("table", [
     dict(), dict(num_shards=2), dict(value_dtype="float16"), dict(max_capacity=1000),
-    dict(admit="counter"), dict(delta=True)])
+    dict(max_capacity=8), dict(admit="counter"), dict(delta=True), dict(parallel=True)])
 @pytest.mark.parametrize("name", ["adam", "ftrl_reg", "sgd_momentum"])
-def test_inverse_sums_positions_in_the_update_like_segment_sum(name, table):
-    """``inverse=``: per-position rows summed in the update pass (one shard) or first
-    (the other tables) give the bits of ``segment_sum`` + ``assume_unique``."""
+def test_inverse_sums_positions_in_the_update_like_segment_sum(name, table, monkeypatch):
+    """``inverse=``: per-position rows summed inside the step give the bits of
+    ``segment_sum`` + ``assume_unique`` on every kind of table (a bounded one that drops
+    ids of the batch: ``max_capacity=8``), with the serial and the parallel drivers."""
+    from jit_kernels import segment
     from jit_kernels.segment import segment_sum, unique_inverse
     table = dict(table)
+    if table.pop("parallel", False):
+        monkeypatch.setattr(segment, "PARALLEL_MIN", 0)
     delta = table.pop("delta", False)
     admit = table.pop("admit", None)
 
@@ -272,6 +276,26 @@ def test_inverse_sums_positions_in_the_update_like_segment_sum(name, table):
     keys = np.unique(ids)
     assert a.size() == b.size() > 0
     for x, y in zip(_state(a, name, keys), _state(b, name, keys)):
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_inverse_on_every_optimizer_and_a_batch_of_parallel_size(name):
+    """Every configuration: 2,000 distinct ids of 64 values (the parallel update
+    drivers) summed inside the step equal segment_sum + assume_unique, bit for bit."""
+    from jit_kernels.segment import segment_sum, unique_inverse
+    rng = np.random.default_rng(11)
+    tables = [ne.Variable(64, initializer=ne.initializers.RandomNormal(seed=2))
+              for _ in range(2)]
+    for step in (1, 2):
+        ids = np.concatenate([[0, -1, 2**63 - 1, -2**63],
+                              rng.integers(0, 2000, 6000), np.arange(2000)])
+        g = rng.standard_normal((ids.size, 64)).astype(np.float32)
+        uniq, inverse = unique_inverse(ids)
+        apply_gradients(tables[0], _ours(name), uniq, segment_sum(g, inverse, uniq.size, 1),
+                        step=step, assume_unique=True)
+        apply_gradients(tables[1], _ours(name), uniq, g, step=step, inverse=inverse)
+    for x, y in zip(_state(tables[0], name, uniq), _state(tables[1], name, uniq)):
         np.testing.assert_array_equal(x, y)
 
 
