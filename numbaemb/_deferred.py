@@ -116,6 +116,14 @@ def _report_at_exit():
               f"no later call on its tables raised it: {job.error!r}", file=sys.stderr)
 
 
+def _forked():
+    """In a forked child: no worker yet, a fresh lock (another thread may have held the
+    parent's at the fork), and the parent's errors are the parent's."""
+    global _pool, _state
+    _pool, _state = None, threading.Lock()
+    _unreported.clear()
+
+
 atexit.register(_report_at_exit)
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=wait_all)
+    os.register_at_fork(before=wait_all, after_in_child=_forked)

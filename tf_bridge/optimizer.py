@@ -339,7 +339,8 @@ def apply_dynamic_all(items, step, lr, rule, bp_v2=None, prepare=None):
                 # replaces them (fused steps only; see take_fresh)
                 fresh = take_fresh(var, part[0]) if getattr(fn, "fused", False) else None
                 parts.append((var, part, fn, fresh))
-            if DEFERRED and all(getattr(fn, "defers", False) for _, _, fn, _ in parts):
+            if DEFERRED and all(getattr(fn, "defers", None) is not None and fn.defers()
+                                for _, _, fn, _ in parts):
                 names = ", ".join(repr(p[0].name) for p in parts)
                 defer([p[0].table._lock for p in parts], lambda: _run_parts(rule, parts, s, r),
                       f"the optimizer step {s} of dynamic table(s) {names}")
@@ -385,7 +386,7 @@ def _plan(var, grads, rule, bp_v2, prepare):
         # plain tables' fused steps run in one kernel call (_step_many)
         fused_step.joins = (not var.string_keys and var._pending is None
                             and ne_multi.trains_with_others(var.table))
-        fused_step.defers = _defers(var)
+        fused_step.defers = lambda: _defers(var)     # (asked every step: max_keys may change)
         return list(fused), fused_step
     keys, values = [], []
     for g in grads:

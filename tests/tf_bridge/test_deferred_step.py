@@ -89,6 +89,26 @@ def test_a_failed_deferred_step_fails_fit_naming_it(monkeypatch, failing_step):
         _fit(f"failing{failing_step}", monkeypatch, True, epochs=1)
 
 
+def test_a_limit_set_after_the_step_was_traced_stops_the_deferral(monkeypatch):
+    """``max_keys`` set on a trained layer's table (its step already traced): the next
+    steps update in place, so a full table raises in its own step."""
+    calls = []
+    real = top.defer
+    monkeypatch.setattr(top, "defer", lambda *a: calls.append(a[2]) or real(*a))
+    monkeypatch.setattr(top, "DEFERRED", True)
+    inp = keras.Input((2,), dtype="int64")
+    emb = de.keras.layers.Embedding(2, name="limited_later")
+    model = keras.Model(inp, keras.layers.Dense(1)(keras.layers.Flatten()(emb(inp))))
+    model.compile(de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.1)), "mse")
+    x, y = np.arange(64).reshape(32, 2), np.zeros((32, 1))
+    model.fit(x, y, batch_size=16, verbose=0)
+    assert len(calls) == 2
+    emb.params.max_keys = 70
+    with pytest.raises((ValueError, tf.errors.OpError), match="is full"):
+        model.fit(x + 64, y, batch_size=16, verbose=0)     # 64 more keys: over 70
+    assert len(calls) == 2 and emb.params.table.size() == 64
+
+
 def test_only_plain_tables_whose_step_cannot_fail_are_deferred():
     plain = de.Variable(dim=2, name="defer_plain")
     full = de.Variable(dim=2, name="defer_full")
