@@ -223,16 +223,25 @@ def init_gather(values, rows, keys, inserted, fresh_start, out, kind, a, b, seed
             init_row(out[i], keys[i], kind, a, b, seed, const)
 
 
-@njit(**_opts)
 def gather(values, rows, out):
-    """out[i] = values[rows[i]] (rows must all be valid)."""
+    """out[i] = values[rows[i]] (rows must all be valid); a large output is written with
+    streaming stores (:mod:`jit_kernels.streams`)."""
+    gather_rows(values, rows, out, STREAM_MIN)
+
+
+@njit(**_opts)
+def gather_rows(values, rows, out, stream_min):
+    """:func:`gather` with the least output bytes written with streaming stores."""
     n = rows.shape[0]
-    for i in prange(n):
-        if i + ROWS_AHEAD < n:
-            prefetch_row(values, rows[i + ROWS_AHEAD], False)
-        r = rows[i]
-        for c in range(out.shape[1]):
-            out[i, c] = values[r, c]
+    stream = streams(out, values, stream_min)
+    for t in prange((n + CHUNK - 1) // CHUNK):   # CHUNK rows at a time, then a fence
+        end = min(n, (t + 1) * CHUNK)
+        for i in range(t * CHUNK, end):
+            if i + ROWS_AHEAD < end:
+                prefetch_row(values, rows[i + ROWS_AHEAD], False)
+            copy_row(out, i, values, rows[i], stream)
+        if stream:
+            store_fence()
 
 
 @njit(**_opts)
@@ -402,7 +411,7 @@ find_rows = BySize(find_rows, 2)
 find_or_insert_rows = BySize(find_or_insert_rows, 2)
 init_rows = BySize(init_rows, 2, 0)
 init_gather = BySize(init_gather, 1, 5)
-gather = BySize(gather, 1, 2)
+gather_rows = BySize(gather_rows, 1, 2)
 # (a parallel rehash places colliding keys in thread-timing order; bounded tables, whose
 # evictions depend on the index's layout, use rehash.serial: see numbaemb.bounded)
 rehash = BySize(rehash, 0)

@@ -18,22 +18,24 @@ store is one whole, aligned line), and at least ``stream_min`` bytes (callers pa
 thread that streamed ends each of its chunks of :data:`CHUNK` rows with :func:`store_fence`, so the rows are visible
 to whoever reads them after the kernel returns.  Results are the same bytes either way.
 
->>> import numpy as np
->>> src = np.arange(64 * 16, dtype=np.float32).reshape(64, 16)
->>> out = np.zeros((2, 16), np.float32)
->>> copy_rows_into(out, src, np.array([3, 1]), 0)
->>> bool((out == src[[3, 1]]).all())
-True
+The pattern of a streaming driver (:func:`jit_kernels.cpu_table.gather_rows`)::
+
+    stream = streams(out, src, stream_min)
+    for t in prange((n + CHUNK - 1) // CHUNK):
+        for i in range(t * CHUNK, min(n, (t + 1) * CHUNK)):
+            copy_row(out, i, src, rows[i], stream)
+        if stream:
+            store_fence()
 """
 import os
 
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import types
 from numba.extending import intrinsic
 
 from ._inner import inner
 
-__all__ = ["STREAM_MIN", "CHUNK", "streams", "copy_row", "store_fence", "copy_rows_into"]
+__all__ = ["STREAM_MIN", "CHUNK", "streams", "copy_row", "store_fence"]
 
 LINE = 64
 
@@ -118,16 +120,3 @@ def copy_row(out, i, src, r, stream):
     else:
         for c in range(out.shape[1]):
             out[i, c] = src[r, c]
-
-
-@njit(nogil=True, cache=True, parallel=True)
-def copy_rows_into(out, src, rows, stream_min):
-    """``out[i] = src[rows[i]]`` (the pattern of a streaming driver: chunks of
-    :data:`CHUNK` rows, a fence after each)."""
-    n = rows.shape[0]
-    stream = streams(out, src, stream_min)
-    for t in prange((n + CHUNK - 1) // CHUNK):
-        for i in range(t * CHUNK, min(n, (t + 1) * CHUNK)):
-            copy_row(out, i, src, rows[i], stream)
-        if stream:
-            store_fence()

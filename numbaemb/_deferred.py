@@ -92,7 +92,6 @@ def defer(locks, fn, what):
             lock.deferred = job
         _last[0] = job
         _pool[1].submit(job.run)
-    return None
 
 
 def latest() -> int:

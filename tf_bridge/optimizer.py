@@ -335,12 +335,10 @@ def apply_dynamic_all(items, step, lr, rule, bp_v2=None, prepare=None):
             for (var, _, fn), n in zip(group, sizes):
                 part = arrays[at:at + n]
                 at += n
-                # the initial rows the last lookup drew, taken now: the next lookup
-                # replaces them (fused steps only; see take_fresh)
-                fresh = take_fresh(var, part[0]) if getattr(fn, "fused", False) else None
-                parts.append((var, part, fn, fresh))
-            if DEFERRED and all(getattr(fn, "defers", None) is not None and fn.defers()
-                                for _, _, fn, _ in parts):
+                # the initial rows the last lookup drew, taken now (the next lookup
+                # replaces them; see take_fresh)
+                parts.append((var, part, fn, take_fresh(var, part[0]) if fn.fresh else None))
+            if DEFERRED and all(fn.defers() for _, _, fn, _ in parts):
                 names = ", ".join(repr(p[0].name) for p in parts)
                 defer([p[0].table._lock for p in parts], lambda: _run_parts(rule, parts, s, r),
                       f"the optimizer step {s} of dynamic table(s) {names}")
@@ -360,29 +358,28 @@ def _run_parts(rule, parts, s, r):
     in one kernel call (:func:`_step_many`), the others one by one."""
     together = []
     for var, part, fn, fresh in parts:
-        if getattr(fn, "joins", False):
+        if fn.joins:
             together.append((var, part, fn, fresh))
         else:
-            _call(fn, s, r, part, fresh)
+            fn(s, r, *part, fresh=fresh)
     if len(together) == 1:
         _, part, fn, fresh = together[0]
-        _call(fn, s, r, part, fresh)
+        fn(s, r, *part, fresh=fresh)
     elif together:
         _step_many(rule, [(var, part, fresh) for var, part, _, fresh in together], s, r)
 
 
-def _call(fn, s, r, part, fresh):
-    return fn(s, r, *part, fresh=fresh) if getattr(fn, "fused", False) else fn(s, r, *part)
-
-
 def _plan(var, grads, rule, bp_v2, prepare):
-    """``(input tensors, fn(step, lr, *arrays))`` of one table's step (checked)."""
+    """``(input tensors, fn(step, lr, *arrays, fresh=))`` of one table's step (checked);
+    ``fn.fresh``: it takes the initial rows the last lookup drew for its keys (``fresh=``,
+    :func:`take_fresh`'s); ``fn.joins``: it may run in one kernel call with other tables'
+    (:func:`_step_many`); ``fn.defers()``: it may run deferred (:data:`DEFERRED`)."""
     bp_v2 = var.bp_v2 if bp_v2 is None else bp_v2
     fused = _fused_parts(var, grads, bp_v2, prepare)
     if fused is not None:
         def fused_step(s, r, k, inv, rows, fresh=None):
             _step(var, rule, k, rows, s, r, False, True, inverse=inv, fresh=fresh)
-        fused_step.fused = True
+        fused_step.fresh = True
         # plain tables' fused steps run in one kernel call (_step_many)
         fused_step.joins = (not var.string_keys and var._pending is None
                             and ne_multi.trains_with_others(var.table))
@@ -405,8 +402,11 @@ def _plan(var, grads, rule, bp_v2, prepare):
     if prepare is not None:
         values = prepare(values)
 
-    def plain_step(s, r, k, g):
-        _step(var, rule, k, g, s, r, bp_v2, distinct)
+    def plain_step(s, r, k, g, fresh=None):
+        _step(var, rule, k, g, s, r, bp_v2, distinct, fresh=fresh)
+    plain_step.fresh = distinct and not bp_v2
+    plain_step.joins = False
+    plain_step.defers = lambda: False
     return [keys, values], plain_step
 
 
@@ -435,7 +435,7 @@ def _defers(var):
     touches nothing but the table (no callable initializer's rows, no string names)."""
     table = var.table
     return (not var.distributed and not var.string_keys and var._pending is None
-            and getattr(table, "device", "cpu") == "cpu" and table.max_keys is None)
+            and table.device == "cpu" and table.max_keys is None)
 
 
 def _step_many(rule, items, step, lr):
@@ -450,15 +450,9 @@ def _step_many(rule, items, step, lr):
         _restricted(var, keys)
 
 
-_TAKE = object()
-
-
-def _step(var, rule, keys, grads, step, lr, bp_v2, distinct=False, inverse=None, fresh=_TAKE):
-    """``fresh``: the initial rows the last lookup drew (:func:`take_fresh`), taken here
-    unless the caller took them."""
+def _step(var, rule, keys, grads, step, lr, bp_v2, distinct=False, inverse=None, fresh=None):
+    """``fresh``: the initial rows the last lookup drew (:func:`take_fresh`) or None."""
     var.insert_initial_values(keys)          # callable initializers: rows the loss saw
-    if fresh is _TAKE:
-        fresh = take_fresh(var, keys) if distinct and not bp_v2 else None
     ne_opt.apply_gradients(var.table, rule, keys, grads, step=step, learning_rate=lr,
                            assume_unique=distinct, delta=bp_v2, inverse=inverse,
                            initial_rows=fresh)   # initial rows the lookup drew: not redrawn

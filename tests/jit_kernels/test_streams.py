@@ -1,5 +1,6 @@
-"""Streaming-store row copies (jit_kernels.streams) and the lookup that uses them: the
-same bytes as ordinary stores, for every width, dtype, alignment and size."""
+"""Streaming-store row copies (jit_kernels.streams) and the kernels that use them (the
+lookup, the gather): the same bytes as ordinary stores, for every width, dtype,
+alignment and size."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -8,7 +9,7 @@ from hypothesis import strategies as st
 from jit_kernels import cpu_table as k
 from jit_kernels.initializers import NORMAL
 from jit_kernels.slots import empty_slots
-from jit_kernels.streams import CHUNK, copy_rows_into, streams
+from jit_kernels.streams import CHUNK, streams
 from numbaemb._memory import aligned_empty
 
 INT64_MIN, INT64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
@@ -37,14 +38,16 @@ def test_streams_only_whole_aligned_lines(dtype, dim, expect):
 @given(n=st.integers(0, 3 * CHUNK + 5), dim=st.sampled_from([16, 24, 64, 80]),
        dtype=st.sampled_from([np.float32, np.float64, np.uint16]), by=st.sampled_from([0, 8]),
        seed=st.integers(0, 2**31))
-def test_copy_rows_into_matches_numpy(n, dim, dtype, by, seed):
+def test_gather_matches_numpy(n, dim, dtype, by, seed):
     rng = np.random.default_rng(seed)
     src = rng.integers(0, 60000, (97, dim)).astype(dtype)
     rows = rng.integers(0, 97, n)
     out = aligned_empty((n, dim), dtype) if by == 0 else _misaligned((n, dim), dtype, by)
-    out[...] = 0
-    copy_rows_into(out, src, rows, 0)                  # streaming wherever it may
-    assert np.array_equal(out.view(np.uint8), src[rows].view(np.uint8))
+    for run in (k.gather_rows.parallel, k.gather_rows.serial):
+        for stream_min in (0, 1 << 60):                 # streaming wherever it may; never
+            out[...] = 0
+            run(src, rows, out, stream_min)
+            assert np.array_equal(out.view(np.uint8), src[rows].view(np.uint8))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.uint16])
