@@ -2,8 +2,8 @@
 
 Prints one Markdown table.  Per dim and operation: numbaemb keys/s, the same work
 on ``tf.lookup.experimental.DenseHashTable`` (int64 keys, value shape ``[dim]``),
-the limit (a plain ``@njit(parallel=True)`` gather of the same rows by known row
-number, no hashing), the ratios, and the issue's targets.  Then bytes per live key
+the limit (a parallel gather of the same rows by known row number, no hashing, with
+the table kernels' prefetching and streaming stores: :func:`make_limit`), the ratios, and the issue's targets.  Then bytes per live key
 by RSS for a fresh table built in a subprocess, and first-call compile time
 (empty ``NUMBA_CACHE_DIR``) against the warm-cache import + first call.
 
@@ -138,20 +138,17 @@ def build_numbaemb(dim, keys, batch, initializer=None):
 
 
 def make_limit():
-    from numba import njit, prange
-
+    """The gather limit: the same rows by known row number, no hashing, with the table
+    kernels' own row copy (rows requested ahead; outputs of 1 MB and more written with
+    streaming stores, ``jit_kernels.streams``), so no store the lookup uses is missing
+    from it (before session 43 a plain gather, which the streaming lookup could beat)."""
+    from jit_kernels.cpu_table import gather_rows
+    from jit_kernels.streams import STREAM_MIN
     from numbaemb._memory import aligned_empty
-
-    @njit(parallel=True, nogil=True)
-    def gather(values, rows, out):
-        for i in prange(rows.shape[0]):
-            r = rows[i]
-            for c in range(out.shape[1]):
-                out[i, c] = values[r, c]
 
     def limit(values, rows):
         out = aligned_empty((rows.shape[0], values.shape[1]), values.dtype)
-        gather(values, rows, out)
+        gather_rows(values, rows, out, STREAM_MIN)
         return out
 
     return limit
