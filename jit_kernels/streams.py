@@ -6,17 +6,19 @@ out of the caches.  An ordinary store first reads each output line into the cach
 (to own it), so every such line crosses the memory bus twice before the consumer reads
 it a third time.  A non-temporal store writes whole 64-byte lines straight to memory
 without that read.  Measured on a 2-core AMD EPYC VM (`benchmarks/RESULTS_train.md`,
-session 43), a gather of 65,536 rows of 64 float32 from a 1M-row table followed by a
-pass that reads the output: 2.04 / 2.63 ms (caches warm / evicted before each call)
-with ordinary stores, 1.69-1.73 / 2.04-2.06 with streaming ones; the reading pass was
-no slower; at 4,096 rows they tied warm (0.109 ms) and streaming won evicted.
+session 43; one process, kernels interleaved, caches evicted before each call): the
+table's lookup of 65,536 ids into rows of 64 float32 took 1.57-1.71 ms streaming
+against 1.84 ms with ordinary stores, and a pass reading the output afterwards was no
+slower; a copy of one cached row to every place, where nothing is read from memory,
+was faster with ordinary stores (0.67 against 0.75 ms).
 
 :func:`streams` decides, per output, whether a kernel streams: the output must be
 C-contiguous with rows of a multiple of 64 bytes starting at a 64-byte boundary (each
 store is one whole, aligned line), and at least ``stream_min`` bytes (callers pass
 :data:`STREAM_MIN`, env ``NUMBAEMB_STREAM_MIN``; a huge value turns streaming off).  A
-thread that streamed ends each of its chunks of :data:`CHUNK` rows with :func:`store_fence`, so the rows are visible
-to whoever reads them after the kernel returns.  Results are the same bytes either way.
+thread that streamed ends each of its chunks of :data:`CHUNK` rows with
+:func:`store_fence`, so the rows are visible to whoever reads them after the kernel
+returns.  Results are the same bytes either way.
 
 The pattern of a streaming driver (:func:`jit_kernels.cpu_table.gather_rows`); the row
 copy is written out in the driver's loop, since a helper called for each row costs 10-25
@@ -57,8 +59,9 @@ def _env_bytes(name, default):
         raise ValueError(f"{name} must be a non-negative int (bytes), got {value!r}") from None
 
 
-# Outputs of at least this many bytes are written with streaming stores (1 MB: at 4,096
-# rows of 64 float32 the two kinds of store tied with warm caches, see the module docstring).
+# Outputs of at least this many bytes are written with streaming stores (1 MB: a gather of
+# 4,096 rows of 64 float32 took the same 0.109 ms either way with warm caches, and 0.164
+# against 0.212 ms streaming with evicted ones: RESULTS_train.md, session 43).
 STREAM_MIN = _env_bytes("NUMBAEMB_STREAM_MIN", 1 << 20)
 # Rows a streaming loop copies between fences: a kernel's copy loop runs over chunks of
 # this many rows (a fence each), not over rows, so each thread fences its own stores.
