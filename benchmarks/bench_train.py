@@ -535,7 +535,8 @@ def conditions(args, load_before, load_after):
         f"data: {'rows + .batch(16384)' if args.rowwise else 'whole batches'}; warm-up "
         f"{args.warmup} steps; steps_per_execution {args.steps_per_execution}; timed: "
         f"numbaemb (and limit) {args.repeats} x {args.steps} steps, stock {args.repeats} x "
-        f"{args.stock_steps} steps, predict {args.predict_steps} batches",
+        f"{args.stock_steps} steps, predict (the write-only model too) {args.repeats} x "
+        f"{args.predict_steps} batches",
     ]
 
 
