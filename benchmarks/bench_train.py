@@ -372,6 +372,7 @@ def main(argv=None):
         tf.config.threading.set_inter_op_parallelism_threads(args.inter_op)
     import tf_bridge  # noqa: F401  (numbaemb's threading defaults apply from here)
     from tf_bridge import dlpack
+    from train_breakdown import breakdown, breakdown_rows
 
     load_before = " / ".join(f"{v:.2f}" for v in os.getloadavg())
     kinds = ["numbaemb"] + (["unfused"] if args.unfused else []) + (
@@ -394,9 +395,9 @@ def main(argv=None):
             before = dlpack.STATS.to_tf_copies
             r.fit(args.stock_steps if k == "stock" else args.steps, record=True)
             copies[k] = copies.get(k, 0) + dlpack.STATS.to_tf_copies - before
-    # predict only: the least an embedding served through the same hand-off does there
-    predictors = dict(runners, **({"write": Runner("write", x, y, args)} if "limit" in kinds
-                                  else {}))
+    predictors = dict(runners)
+    if "limit" in kinds:     # predict only: the least an embedding served this way does
+        predictors["write"] = Runner("write", x, y, args)
     for r in predictors.values():
         r.run_predict(min(3, args.predict_steps), record=False)
     for _ in range(args.repeats):        # interleaved, as the training chunks
@@ -404,7 +405,6 @@ def main(argv=None):
             r.run_predict(args.predict_steps, record=True)
     bd = None
     if not args.no_breakdown:
-        from train_breakdown import breakdown
         bd = {}
         for k in kinds:
             if k not in ("stock", "limit"):
@@ -447,7 +447,6 @@ def main(argv=None):
     ours = rate["numbaemb"]
     handoff_share = None
     if bd:
-        from train_breakdown import breakdown_rows
         rows, handoff, _, _ = breakdown_rows(*bd["numbaemb"])
         handoff_share = handoff / bd["numbaemb"][3]
 

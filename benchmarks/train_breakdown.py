@@ -14,6 +14,7 @@ import shutil
 import tempfile
 import time
 
+
 class Timers:
     """Wall time (perf_counter) accumulated per label by wrapped functions."""
 

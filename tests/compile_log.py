@@ -1,5 +1,6 @@
 """Shared by the tests of kernels compiled across processes (jit_kernels._compile_lock,
-numbaemb._ahead): the skip marker and a snippet that logs a process's compiles."""
+jit_kernels._cache, numbaemb._ahead): the skip marker, a snippet that logs a process's
+compiles, and the environment of a process whose cache is its package's own."""
 import os
 
 import pytest
@@ -30,3 +31,10 @@ event.register("numba:compile", Log())
 def log(with_args=False):
     """:data:`LOG`, each entry ending with the compiled signature if ``with_args``."""
     return LOG.format(suffix="{e.data['args']}" if with_args else "")
+
+
+def own_cache_env(**env):
+    """``os.environ`` with ``env`` and without ``NUMBA_CACHE_DIR``: for a process whose
+    cache must be its package's own ``__pycache__`` (a test's temporary package),
+    whatever cache directory the suite runs under (tox passes it through)."""
+    return dict({k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}, **env)

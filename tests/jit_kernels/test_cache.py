@@ -8,6 +8,7 @@ import time
 import pytest
 
 from jit_kernels import _cache, cpu_table
+from tests.compile_log import own_cache_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 needs_locators = pytest.mark.skipif(
@@ -80,7 +81,7 @@ def test_an_edit_to_an_inlined_body_recompiles(tmp_path):
         def h():
             return 7
         """))
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env = own_cache_env()
     program = PROGRAM.format(root=ROOT, tmp=str(tmp_path))
 
     def run():
@@ -125,8 +126,7 @@ def test_saves_of_registered_functions_wait_for_the_index_lock(tmp_path):
     with _cache.locked(str(index) + ".lock"):
         proc = subprocess.Popen([sys.executable, "-c", SAVE.format(root=ROOT, tmp=str(tmp_path))],
                                 stdout=subprocess.PIPE, text=True, cwd=str(tmp_path),
-                                env={k: v for k, v in os.environ.items()
-                                     if k != "NUMBA_CACHE_DIR"})   # (the package's own cache)
+                                env=own_cache_env())
         deadline = time.time() + 10             # (it compiles in about 1 s, then waits)
         while time.time() < deadline:
             time.sleep(0.5)
@@ -186,7 +186,7 @@ def test_cache_loads_start_the_runtime_without_numbas_registries(tmp_path):
                 raise ValueError("x must be >= 0")
             return 2 * x
         """))
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env = own_cache_env()
 
     def run():
         out = subprocess.run([sys.executable, "-c", LIGHT.format(root=ROOT, tmp=str(tmp_path))],

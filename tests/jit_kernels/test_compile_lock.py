@@ -8,7 +8,7 @@ import time
 
 
 from jit_kernels import _compile_lock
-from tests.compile_log import log, needs_locks
+from tests.compile_log import log, needs_locks, own_cache_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = needs_locks
@@ -31,13 +31,6 @@ def _start(code, cache_dir, **env):
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=ROOT,
                             env=dict(os.environ, NUMBA_CACHE_DIR=str(cache_dir), **env))
-
-
-def _beside(**env):
-    """The environment of a process whose cache is the package's own ``__pycache__``
-    (the temporary packages below): a ``NUMBA_CACHE_DIR`` the suite runs under would
-    move it elsewhere."""
-    return dict({k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}, **env)
 
 
 def _finish(proc):
@@ -87,7 +80,7 @@ def _lock_file(code, cache, tmp_path):
              "print(_lock_path(pkg.mod.g._cache, (types.float64,), pkg.mod.g.targetctx))\n")
     out = _finish(subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True, cwd=str(tmp_path),
-                                   env=_beside()))
+                                   env=own_cache_env()))
     assert out[-2] == "3.5 1 0" and not glob.glob(str(cache / "*.compiling"))
     for f in glob.glob(str(cache / "*.nb[ic]")):
         os.remove(f)
@@ -102,13 +95,13 @@ def test_a_waiting_process_loads_what_the_holder_saved(tmp_path):
     try:
         waiting = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True, cwd=str(tmp_path),
-                                   env=_beside())
+                                   env=own_cache_env())
         time.sleep(3)                           # (it starts in about 1 s, then waits)
         assert waiting.poll() is None and not glob.glob(str(cache / "*.nbi"))
         # the holder's compile, played by a process that does not take the lock
         holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, cwd=str(tmp_path),
-                                  env=_beside(NUMBAEMB_COMPILE_LOCK="0"))
+                                  env=own_cache_env(NUMBAEMB_COMPILE_LOCK="0"))
         assert _finish(holder)[-1] == "3.5 1 0"
         assert waiting.poll() is None
     finally:
@@ -124,7 +117,7 @@ def test_a_process_stops_waiting_after_the_limit(tmp_path):
         t0 = time.monotonic()
         proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, cwd=str(tmp_path),
-                                env=_beside(NUMBAEMB_COMPILE_WAIT="2"))
+                                env=own_cache_env(NUMBAEMB_COMPILE_WAIT="2"))
         assert _finish(proc)[-1] == "3.5 1 0"   # compiled itself while the lock is held
         assert time.monotonic() - t0 >= 2
     finally:
@@ -154,7 +147,7 @@ def test_a_failed_compile_lets_go_of_its_lock(tmp_path):
         f.write("\n\ndef bad(x):\n    return x + 'text'\n")
     out = _finish(subprocess.Popen([sys.executable, "-c", FAIL.format(root=ROOT, tmp=str(tmp_path))],
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   cwd=str(tmp_path), env=_beside()))
+                                   cwd=str(tmp_path), env=own_cache_env()))
     assert out[-2:] == ["0 0", "3.5 2 0"]   # (misses: the failed signature too)
 
 
@@ -203,7 +196,7 @@ def test_a_kernel_holds_its_lock_until_it_is_saved_and_callees_until_theirs(tmp_
                                 "@njit(cache=True)\ndef k(x):\n    return h(x) * 2\n")
     out = _finish(subprocess.Popen([sys.executable, "-c", NESTED.format(root=ROOT, tmp=str(tmp_path))],
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   cwd=str(tmp_path), env=_beside()))
+                                   cwd=str(tmp_path), env=own_cache_env()))
     assert out[-1] == "7.0 [('h', 2), ('k', 1)] 0"
     assert not glob.glob(str(pkg / "__pycache__" / "*.compiling"))
 
