@@ -415,7 +415,7 @@ def main(argv=None):
     rate = {k: IDS_PER_STEP / r.median("train")[0] for k, r in runners.items()}
     prate = {k: IDS_PER_STEP / r.median("predict")[0] for k, r in predictors.items()}
     stock = rate.get("stock")
-    limit = rate.get("limit")
+    limit, plimit = rate.get("limit"), prate.get("limit")
     lines = ["| model | train ids/s | predict ids/s | train vs stock | train vs TFRA | "
              "train vs limit | CPU ms/step (train) |", "|---|---:|---:|---:|---:|---:|---:|"]
 
@@ -472,7 +472,7 @@ def main(argv=None):
                                    if k != "limit")
                        + f"; 6M leaves it {max(0.0, own_ms(TARGET_TRAIN)):.1f} ms")
     if limit:
-        pshare = prate["numbaemb"] / prate["limit"]
+        pshare = prate["numbaemb"] / plimit
         targets.append(f"train >= {TARGET_TRAIN_SHARE:.0%} of the limit: "
                        f"{verdict(ours >= TARGET_TRAIN_SHARE * limit)} ({ours / limit:.0%})")
         targets.append(f"predict >= {TARGET_PREDICT_SHARE:.0%} of the limit's predict: "
@@ -499,7 +499,7 @@ def main(argv=None):
     if "write" in prate:
         # predict: the limit's output is a constant, never written; any embedding writes
         # its 16 MB of rows a batch before the dense layer reads them (measured in place)
-        plimit, pwrite = prate["limit"], prate["write"]
+        pwrite = prate["write"]
         print(f"Predict floor: the same model whose embedding only writes one row to every "
               f"position, through numbaemb's hand-off (streaming stores, {fmt_rate(pwrite)} "
               f"ids/s): {pwrite / plimit:.0%} of the limit's predict, the most any embedding "

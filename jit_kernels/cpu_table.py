@@ -249,7 +249,7 @@ def gather_rows(values, rows, out, stream_min):
             r = rows[i]
             # (the copy as lookup_rows': written out in both, not a call a row; one helper
             # called once per chunk by both cost 5-17% on rows of 10-16 values or batches
-            # of 2-4K keys, session 44, whether inlined by Numba or not)
+            # of 2-4K keys, and -14% to +24% inlined by Numba: RESULTS_train.md, session 44)
             if stream:
                 d0, s0 = i * out.strides[0], r * values.strides[0]
                 for off in range(0, out.shape[1] * out.itemsize, LINE):
