@@ -383,7 +383,7 @@ def main(argv=None):
         kinds.append("limit")
     need = args.warmup + args.repeats * max(args.steps, args.stock_steps)
     if not args.no_breakdown:
-        need = max(need, args.warmup + 3 + args.repeats * args.steps + args.profile_steps)
+        need = max(need, args.warmup + 3 + args.repeats * args.steps + args.profile_steps + 2)
     need = max(need, args.predict_steps)
     x, y = make_ids(need)
     runners = {k: Runner(k, x, y, args) for k in kinds}
@@ -508,18 +508,27 @@ def main(argv=None):
               f"{IDS_PER_STEP / pwrite * 1e3:.2f} ms, numbaemb "
               f"{IDS_PER_STEP / prate['numbaemb'] * 1e3:.2f} ms).")
     if bd:
-        for k, (mine, ops, fn_ms, step_ms) in bd.items():
-            rows, handoff, pyfunc, py_ms = breakdown_rows(mine, ops, fn_ms, step_ms)
+        for k, (mine, ops, fn_ms, step_ms, solo) in bd.items():
+            rows, handoff, pyfunc, py_ms = breakdown_rows(mine, ops, fn_ms, step_ms, solo)
             print()
             print(f"Per-step breakdown, {names[k]} ({args.profile_steps} steps under "
                   f"tf.profiler; step {step_ms:.1f} ms wall):")
             print()
-            print("| piece | ms/step | share of step |")
-            print("|---|---:|---:|")
-            for label, ms in rows:
+            print("| piece | ms/step | share of step | alone, ms/step |")
+            print("|---|---:|---:|---:|")
+            for label, ms, one in rows:
                 if ms >= 0.005 or label.startswith(("TF graph", "hand-off")):
-                    print(f"| {label} | {ms:.2f} | {ms / step_ms:.0%} |")
-            if any(label.endswith("[deferred]") for label, _ in rows):
+                    print(f"| {label} | {ms:.2f} | {ms / step_ms:.0%} | "
+                          f"{'' if one is None else f'{one:.2f}'} |")
+            both = [(ms, one) for _, ms, one in rows if one is not None]
+            if both:
+                step, idle = sum(m for m, _ in both), sum(o for _, o in both)
+                print(f"\nalone: the same calls replayed on an idle process, caches evicted "
+                      f"before each (train_breakdown.alone). The kernels' pieces take "
+                      f"{step:.2f} ms a step in the step and {idle:.2f} ms alone "
+                      f"({step / idle:.1f}x): the rest is sharing the two cores and the "
+                      f"memory bus with TensorFlow's ops and Keras' loop.")
+            if any(label.endswith("[deferred]") for label, _, _ in rows):
                 print("\n[deferred]: run on numbaemb's worker thread after the step's op "
                       "returned (tf_bridge.optimizer.DEFERRED), beside Keras' loop and the "
                       "next step's first ops; the next lookup's wait is what of it the step "

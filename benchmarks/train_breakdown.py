@@ -16,18 +16,23 @@ import time
 
 
 class Timers:
-    """Wall time (perf_counter) accumulated per label by wrapped functions."""
+    """Wall time (perf_counter) accumulated per label by wrapped functions; for the
+    kernels (``keep=True``) also, while ``keeping``, each function's last call and its
+    number of calls, to replay alone (:func:`alone`).  (Off while the profiled steps
+    run: a kept output buffer would not go back to the variable's pool.)"""
 
     def __init__(self):
         self.total = collections.defaultdict(float)
         self.calls = collections.Counter()
+        self.last = collections.defaultdict(dict)     # label -> {attr: [fn, a, k, calls]}
         self.patched = []
+        self.keeping = False
 
-    def wrap(self, obj, attr, label):
+    def wrap(self, obj, attr, label, keep=False):
         fn = getattr(obj, attr, None)
         if fn is None:                   # an older tree: nothing to time there
             return
-        total, calls = self.total, self.calls
+        total, calls, last, timers = self.total, self.calls, self.last[label], self
 
         def timed(*a, **k):
             t = time.perf_counter()
@@ -36,6 +41,9 @@ class Timers:
             finally:
                 total[label] += time.perf_counter() - t
                 calls[label] += 1
+                if keep and timers.keeping:
+                    n = last[attr][3] + 1 if attr in last else 1
+                    last[attr] = [fn, a, k, n]
 
         timed.__wrapped__ = fn
         setattr(obj, attr, timed)
@@ -49,6 +57,37 @@ class Timers:
     def reset(self):
         self.total.clear()
         self.calls.clear()
+        for calls in self.last.values():
+            calls.clear()
+
+
+def alone(timers, steps, reps=7):
+    """{label: ms a step} of the kernels' pieces run alone: each wrapped function's last
+    call of the ``steps`` steps run while ``timers.keeping``, replayed ``reps`` times on
+    an idle process (the deferred update waited for first), the caches evicted before
+    each (a 64 MB read), the median scaled by its calls a step.  The replays act on the table again (an Adam step on the
+    same rows, a find of keys now present: the probe without the insert), so this runs
+    after the model's timed work only.  Against the same pieces' times inside the step
+    it shows what sharing the cores with TensorFlow costs them."""
+    import numpy as np
+
+    import numbaemb._deferred as dfr
+    dfr.wait_all()
+    junk = np.ones(8 << 20)
+    out = {}
+    for label, fns in timers.last.items():
+        ms = 0.0
+        for fn, a, k, n in fns.values():
+            times = []
+            for _ in range(reps):
+                junk.sum()
+                t = time.perf_counter()
+                fn(*a, **k)
+                times.append(time.perf_counter() - t)
+            ms += sorted(times)[reps // 2] * 1e3 * n / steps
+        if fns:
+            out[label] = ms
+    return out
 
 
 def patch_for_breakdown(timers):
@@ -62,15 +101,19 @@ def patch_for_breakdown(timers):
     from jit_kernels import optimizers as jk
 
     w = timers.wrap
-    w(lk, "unique_inverse", "forward: unique (Numba)")
-    w(tv.Variable, "_np_lookup", "forward: table lookup (probe, rows copied out, initial rows of absent ids)")
+    w(lk, "unique_inverse", "forward: unique (Numba)", keep=True)
+    w(tv.Variable, "_np_lookup",
+      "forward: table lookup (probe, rows copied out, initial rows of absent ids)", keep=True)
     w(lk, "gather_rows", "forward: spread rows to positions (Numba)")
     w(lk, "segment_sum_into", "backward: segment-sum per distinct id (Numba)")
-    w(ne_opt, "unique_inverse", "apply: unique + segment-sum (of the lookup's gradient rows, fused)")
-    w(ne_opt, "segment_sum", "apply: unique + segment-sum (of the lookup's gradient rows, fused)")
-    w(cpu_table, "find_or_insert_rows", "apply: find_or_insert (probe, insert)")
-    w(cpu_table, "init_rows", "apply: initial rows of new ids (other columns, draws)")
-    w(jk, "adam_rows", "apply: Adam row update (new rows started in the same pass)")
+    fused = "apply: unique + segment-sum (of the lookup's gradient rows, fused)"
+    w(ne_opt, "unique_inverse", fused, keep=True)
+    w(ne_opt, "segment_sum", fused, keep=True)
+    w(cpu_table, "find_or_insert_rows", "apply: find_or_insert (probe, insert)", keep=True)
+    w(cpu_table, "init_rows", "apply: initial rows of new ids (other columns, draws)",
+      keep=True)
+    w(jk, "adam_rows", "apply: Adam row update (new rows started in the same pass)",
+      keep=True)
     # a deferred update (tf_bridge.optimizer.DEFERRED) runs on numbaemb's worker thread: the
     # whole of it, and the time the next lookup waits for it
     w(op, "_run_parts", "apply: the whole update")
@@ -119,7 +162,8 @@ def profile_ops(logdir, steps):
 
 
 def breakdown(r, args):
-    """Per-step pieces of runner ``r``'s training step (ms) and the step's wall time.
+    """Per-step pieces of runner ``r``'s training step (ms), the step's wall time, and
+    the kernels' pieces run alone (:func:`alone`, on two more steps' calls).
 
     The timed model itself is profiled after its timed chunks, so its table has the
     size (and its rows the places in memory) of the timed steps; its step is traced
@@ -139,20 +183,26 @@ def breakdown(r, args):
             tf.profiler.experimental.stop()
         ops, fn_ms = profile_ops(logdir, args.profile_steps)
         shutil.rmtree(logdir, ignore_errors=True)
+        n = args.profile_steps
+        mine = {k: v * 1e3 / n for k, v in timers.total.items()}
+        timers.keeping = True
+        r.fit(2, record=False)
+        solo = alone(timers, 2)
     finally:
         timers.restore()
         r.model.train_function = None
-    n = args.profile_steps
-    mine = {k: v * 1e3 / n for k, v in timers.total.items()}
-    return mine, ops, fn_ms, step_s * 1e3
+    return mine, ops, fn_ms, step_s * 1e3, solo
 
 
-def breakdown_rows(mine, ops, fn_ms, step_ms):
-    """[(piece, ms/step)] in pipeline order, plus the hand-off share."""
+def breakdown_rows(mine, ops, fn_ms, step_ms, solo=None):
+    """[(piece, ms/step, ms/step alone or None)] in pipeline order (``solo``:
+    :func:`alone`'s), plus the hand-off share."""
     rows = []
+    solo = solo or {}
 
     def add(label, ms):
-        rows.append((label, ms))
+        base = label[:-len(" [deferred]")] if label.endswith(" [deferred]") else label
+        rows.append((label, ms, solo.get(base)))
 
     def op_ms(pred):
         return sum(v for k, v in ops.items() if pred(k))
