@@ -526,8 +526,9 @@ def main(argv=None):
                 print(f"\nalone: the same calls replayed on an idle process, caches evicted "
                       f"before each (train_breakdown.alone). The kernels' pieces take "
                       f"{step:.2f} ms a step in the step and {idle:.2f} ms alone "
-                      f"({step / idle:.1f}x): the rest is sharing the two cores and the "
-                      f"memory bus with TensorFlow's ops and Keras' loop.")
+                      f"({step / idle:.1f}x): the difference is what sharing the two cores "
+                      f"and the memory bus with TensorFlow's ops and Keras' loop costs them, "
+                      f"less what the step's warm caches save.")
             if any(label.endswith("[deferred]") for label, _, _ in rows):
                 print("\n[deferred]: run on numbaemb's worker thread after the step's op "
                       "returned (tf_bridge.optimizer.DEFERRED), beside Keras' loop and the "

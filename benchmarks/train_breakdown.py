@@ -65,10 +65,11 @@ def alone(timers, steps, reps=7):
     """{label: ms a step} of the kernels' pieces run alone: each wrapped function's last
     call of the ``steps`` steps run while ``timers.keeping``, replayed ``reps`` times on
     an idle process (the deferred update waited for first), the caches evicted before
-    each (a 64 MB read), the median scaled by its calls a step.  The replays act on the table again (an Adam step on the
-    same rows, a find of keys now present: the probe without the insert), so this runs
-    after the model's timed work only.  Against the same pieces' times inside the step
-    it shows what sharing the cores with TensorFlow costs them."""
+    each (a 64 MB read), the median scaled by its calls a step.  The replays act on the
+    table again (an Adam step on the same rows, a find of keys now present: the probe
+    without the insert), so this runs after the model's timed work only.  Against the
+    same pieces' times inside the step it shows what sharing the cores with TensorFlow
+    costs them."""
     import numpy as np
 
     import numbaemb._deferred as dfr
