@@ -528,7 +528,8 @@ def main(argv=None):
                       f"{step:.2f} ms a step in the step and {idle:.2f} ms alone "
                       f"({step / idle:.1f}x): the difference is what sharing the two cores "
                       f"and the memory bus with TensorFlow's ops and Keras' loop costs them, "
-                      f"less what the step's warm caches save.")
+                      f"and the first touch of new rows' pages (a replay does not pay it "
+                      f"again), less what the step's warm caches save.")
             if any(label.endswith("[deferred]") for label, _, _ in rows):
                 print("\n[deferred]: run on numbaemb's worker thread after the step's op "
                       "returned (tf_bridge.optimizer.DEFERRED), beside Keras' loop and the "

@@ -71,23 +71,16 @@ def alone(timers, steps, reps=7):
     same pieces' times inside the step it shows what sharing the cores with TensorFlow
     costs them."""
     import numpy as np
+    from train_floor import median_ms
 
     import numbaemb._deferred as dfr
     dfr.wait_all()
     junk = np.ones(8 << 20)
     out = {}
     for label, fns in timers.last.items():
-        ms = 0.0
-        for fn, a, k, n in fns.values():
-            times = []
-            for _ in range(reps):
-                junk.sum()
-                t = time.perf_counter()
-                fn(*a, **k)
-                times.append(time.perf_counter() - t)
-            ms += sorted(times)[reps // 2] * 1e3 * n / steps
         if fns:
-            out[label] = ms
+            out[label] = sum(median_ms(lambda: fn(*a, **k), before=junk.sum, n=reps) * n / steps
+                             for fn, a, k, n in fns.values())
     return out
 
 

@@ -39,7 +39,8 @@ def _read(a):
     return s
 
 
-def _median_ms(fn, before=None, n=15):
+def median_ms(fn, before=None, n=15):
+    """The median ms of ``n`` calls of ``fn()``, each after ``before()`` (untimed)."""
     times = []
     for _ in range(n):
         if before is not None:
@@ -60,13 +61,13 @@ def floor(ids=None):
     if ids is None:
         ids = np.random.default_rng(0).zipf(1.2, size=(8, POSITIONS)) % VOCAB
     distinct = float(np.mean([np.unique(b).shape[0] for b in ids]))
-    copy_ms = _median_ms(lambda: np.copyto(dst, src), n=5)
+    copy_ms = median_ms(lambda: np.copyto(dst, src), n=5)
     bandwidth = 2 * src.nbytes / (copy_ms * 1e-3)           # bytes/s, read + write
     rows_ms = 2 * 3 * DIM * 4 * distinct / bandwidth * 1e3
-    rows = [("output written, warm", _median_ms(lambda: _write(out, 1.0))),
-            ("output written, cold", _median_ms(lambda: _write(out, 1.0),
+    rows = [("output written, warm", median_ms(lambda: _write(out, 1.0))),
+            ("output written, cold", median_ms(lambda: _write(out, 1.0),
                                                 before=lambda: _read(big))),
-            ("gradient read, warm", _median_ms(lambda: _read(out))),
+            ("gradient read, warm", median_ms(lambda: _read(out))),
             (f"Adam's rows, {distinct:.0f} ids x 3 x 256 B read and written, at "
              f"{bandwidth / 1e9:.1f} GB/s", rows_ms)]
     return rows, distinct
