@@ -373,6 +373,7 @@ def main(argv=None):
     import tf_bridge  # noqa: F401  (numbaemb's threading defaults apply from here)
     from tf_bridge import dlpack
     from train_breakdown import breakdown, breakdown_rows
+    from train_breakdown import steps as breakdown_steps
 
     load_before = " / ".join(f"{v:.2f}" for v in os.getloadavg())
     kinds = ["numbaemb"] + (["unfused"] if args.unfused else []) + (
@@ -383,7 +384,7 @@ def main(argv=None):
         kinds.append("limit")
     need = args.warmup + args.repeats * max(args.steps, args.stock_steps)
     if not args.no_breakdown:
-        need = max(need, args.warmup + 3 + args.repeats * args.steps + args.profile_steps + 2)
+        need = max(need, args.warmup + args.repeats * args.steps + breakdown_steps(args))
     need = max(need, args.predict_steps)
     x, y = make_ids(need)
     runners = {k: Runner(k, x, y, args) for k in kinds}

@@ -155,6 +155,14 @@ def profile_ops(logdir, steps):
     return ops, step_fn
 
 
+REPLAYED = 2    # steps whose kernel calls :func:`alone` replays
+
+
+def steps(args):
+    """Batches :func:`breakdown` trains: the retrace, the profiled steps, the replayed."""
+    return min(args.warmup, 3) + args.profile_steps + REPLAYED
+
+
 def breakdown(r, args):
     """Per-step pieces of runner ``r``'s training step (ms), the step's wall time, and
     the kernels' pieces run alone (:func:`alone`, on two more steps' calls).
@@ -167,7 +175,7 @@ def breakdown(r, args):
     patch_for_breakdown(timers)
     try:
         r.model.train_function = None             # retrace: the timers are read at trace time
-        r.fit(min(args.warmup, 3), record=False)
+        r.fit(min(args.warmup, 3), record=False)     # (batches: see steps)
         timers.reset()
         logdir = tempfile.mkdtemp(prefix="bench_train_prof_")
         tf.profiler.experimental.start(logdir)
@@ -180,8 +188,8 @@ def breakdown(r, args):
         n = args.profile_steps
         mine = {k: v * 1e3 / n for k, v in timers.total.items()}
         timers.keeping = True
-        r.fit(2, record=False)
-        solo = alone(timers, 2)
+        r.fit(REPLAYED, record=False)
+        solo = alone(timers, REPLAYED)
     finally:
         timers.restore()
         r.model.train_function = None
@@ -194,9 +202,8 @@ def breakdown_rows(mine, ops, fn_ms, step_ms, solo=None):
     rows = []
     solo = solo or {}
 
-    def add(label, ms):
-        base = label[:-len(" [deferred]")] if label.endswith(" [deferred]") else label
-        rows.append((label, ms, solo.get(base)))
+    def add(label, ms, tag=""):
+        rows.append((label + tag, ms, solo.get(label)))
 
     def op_ms(pred):
         return sum(v for k, v in ops.items() if pred(k))
@@ -220,12 +227,12 @@ def breakdown_rows(mine, ops, fn_ms, step_ms, solo=None):
     apply_py = sum(v for k, v in mine.items() if k.startswith("py:") and k.endswith("_apply"))
     whole = mine.get("apply: the whole update", 0.0)
     deferred = whole > apply_py        # the update ran after the op returned
+    tag = " [deferred]" if deferred else ""
     for label in apply_labels:
-        add(label + (" [deferred]" if deferred else ""), mine.get(label, 0.0))
-    add("apply: the rest (locks, table growth, copies, checks)" + (" [deferred]" if deferred
-                                                                   else ""),
+        add(label, mine.get(label, 0.0), tag)
+    add("apply: the rest (locks, table growth, copies, checks)",
         max(0.0, (whole if deferred else apply_py)
-            - sum(mine.get(label, 0.0) for label in apply_labels)))
+            - sum(mine.get(label, 0.0) for label in apply_labels)), tag)
     if deferred:
         add("apply op: its numpy call (the update deferred, not waited for)", apply_py)
     py_ms = sum(v for k, v in mine.items() if k.startswith("py:"))

@@ -66,7 +66,7 @@ def floor(ids=None):
     rows_ms = 2 * 3 * DIM * 4 * distinct / bandwidth * 1e3
     rows = [("output written, warm", median_ms(lambda: _write(out, 1.0))),
             ("output written, cold", median_ms(lambda: _write(out, 1.0),
-                                                before=lambda: _read(big))),
+                                               before=lambda: _read(big))),
             ("gradient read, warm", median_ms(lambda: _read(out))),
             (f"Adam's rows, {distinct:.0f} ids x 3 x 256 B read and written, at "
              f"{bandwidth / 1e9:.1f} GB/s", rows_ms)]
