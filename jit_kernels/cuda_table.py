@@ -216,6 +216,19 @@ def _offsets(counts, scratch, name):
     return dev, int(off[-1])
 
 
+def _counted(count_kernel, a, n, scratch, name, adds=False):
+    """A two-pass compaction's first pass: ``count_kernel(a, chunk, counts)`` counts each
+    block's chunk of ``n`` items into ``counts`` (``scratch``'s ``name + "_counts"``; zeroed
+    first when the kernel ``adds`` to it); returns ``(blocks, chunk, offsets, total)`` with
+    the blocks' device offsets (``name + "_offsets"``, :func:`_offsets`) for the second
+    pass."""
+    blocks, chunk = _chunks(n)
+    counts = (filled(blocks, 0, np.int64, scratch, name + "_counts") if adds
+              else scratch.array(name + "_counts", blocks, np.int64))
+    count_kernel[blocks, _Launch.threads](a, chunk, counts)
+    return (blocks, chunk) + _offsets(counts, scratch, name + "_offsets")
+
+
 def cuda_api():
     """``numba.cuda`` (imported, with the NumPy shim applied, on first use)."""
     _kernels()
@@ -394,11 +407,7 @@ def exclusive_scan(a, scratch=None):
     n = a.shape[0]
     if not n:
         return 0
-    scratch = scratch or Scratch()
-    blocks, chunk = _chunks(n)
-    sums = scratch.array("scan_sums", blocks, np.int64)
-    K.scan_blocks[blocks, _Launch.threads](a, chunk, sums)
-    offsets, total = _offsets(sums, scratch, "scan_offsets")
+    _, chunk, offsets, total = _counted(K.scan_blocks, a, n, scratch or Scratch(), "scan")
     _go(K.add_offsets, n, a, chunk, offsets)
     return total
 
@@ -565,11 +574,8 @@ def export_slots(slots, n_chunks=None):
     """(keys, rows) of all full slots, in slot order (``n_chunks`` is ignored:
     the chunks are the launch's blocks)."""
     K = _kernels()
-    cap = slots.shape[0] // 2
-    blocks, chunk = _chunks(cap)
-    counts = filled(blocks, 0, np.int64)
-    K.count_full[blocks, _Launch.threads](slots, chunk, counts)
-    offsets, total = _offsets(counts, Scratch(), "offsets")
+    blocks, chunk, offsets, total = _counted(K.count_full, slots, slots.shape[0] // 2,
+                                             Scratch(), "full", adds=True)
     keys = cuda.device_array(max(total, 1), np.int64)
     rows = cuda.device_array(max(total, 1), np.int64)
     K.write_full[blocks, _Launch.threads](slots, chunk, offsets, keys, rows)
@@ -583,11 +589,8 @@ def compact_nonneg(a, out, at=0, scratch=None):
     n = a.shape[0]
     if not n:
         return 0
-    scratch = scratch or Scratch()
-    blocks, chunk = _chunks(n)
-    counts = scratch.array("nonneg_counts", blocks, np.int64)
-    K.count_nonneg[blocks, _Launch.threads](a, chunk, counts)
-    offsets, total = _offsets(counts, scratch, "nonneg_offsets")
+    blocks, chunk, offsets, total = _counted(K.count_nonneg, a, n, scratch or Scratch(),
+                                             "nonneg")
     if total:
         K.write_nonneg[blocks, _Launch.threads](a, chunk, offsets, out[at:at + total])
     return total
