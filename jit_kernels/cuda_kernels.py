@@ -407,14 +407,17 @@ def build(threads):
 
     @kernel
     def count_full(slots, chunk, counts):
+        """``counts[b]`` = the full slots in block b's chunk (written, as count_nonneg's)."""
+        buf = cuda.shared.array(threads, np.int64)
         blk = cuda.blockIdx.x
         hi = min(slots.shape[0] // 2, (blk + 1) * chunk)
         n = 0
         for s in range(blk * chunk + cuda.threadIdx.x, hi, threads):
             if full(slots[2 * s + 1]):
                 n += 1
-        if n:
-            cuda.atomic.add(counts, blk, n)
+        _, total = block_scan(buf, n)
+        if cuda.threadIdx.x == 0:
+            counts[blk] = total
 
     @kernel
     def write_full(slots, chunk, offsets, keys, rows):

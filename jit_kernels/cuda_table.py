@@ -216,15 +216,13 @@ def _offsets(counts, scratch, name):
     return dev, int(off[-1])
 
 
-def _counted(count_kernel, a, n, scratch, name, adds=False):
-    """A two-pass compaction's first pass: ``count_kernel(a, chunk, counts)`` counts each
-    block's chunk of ``n`` items into ``counts`` (``scratch``'s ``name + "_counts"``; zeroed
-    first when the kernel ``adds`` to it); returns ``(blocks, chunk, offsets, total)`` with
-    the blocks' device offsets (``name + "_offsets"``, :func:`_offsets`) for the second
-    pass."""
+def _counted(count_kernel, a, n, scratch, name):
+    """A two-pass compaction's first pass: ``count_kernel(a, chunk, counts)`` writes each
+    block's count of its chunk of ``n`` items to ``counts`` (``scratch``'s ``name +
+    "_counts"``); returns ``(blocks, chunk, offsets, total)`` with the blocks' device
+    offsets (``name + "_offsets"``, :func:`_offsets`) for the second pass."""
     blocks, chunk = _chunks(n)
-    counts = (filled(blocks, 0, np.int64, scratch, name + "_counts") if adds
-              else scratch.array(name + "_counts", blocks, np.int64))
+    counts = scratch.array(name + "_counts", blocks, np.int64)
     count_kernel[blocks, _Launch.threads](a, chunk, counts)
     return (blocks, chunk) + _offsets(counts, scratch, name + "_offsets")
 
@@ -575,7 +573,7 @@ def export_slots(slots, n_chunks=None):
     the chunks are the launch's blocks)."""
     K = _kernels()
     blocks, chunk, offsets, total = _counted(K.count_full, slots, slots.shape[0] // 2,
-                                             Scratch(), "full", adds=True)
+                                             Scratch(), "full")
     keys = cuda.device_array(max(total, 1), np.int64)
     rows = cuda.device_array(max(total, 1), np.int64)
     K.write_full[blocks, _Launch.threads](slots, chunk, offsets, keys, rows)
