@@ -135,6 +135,21 @@ def build(threads):
         return incl - v, total
 
     @jit(device=True)
+    def count_block(buf, a, n, step, at, chunk, counts):
+        """``counts[b]`` = the items ``j < n`` of block b's chunk with ``a[step * j + at] >= 0``
+        (written, not added to: no zeroing launch before); ``buf``: the block's shared
+        scratch of ``threads``."""
+        blk = cuda.blockIdx.x
+        hi = min(n, (blk + 1) * chunk)
+        m = 0
+        for j in range(blk * chunk + cuda.threadIdx.x, hi, threads):
+            if a[step * j + at] >= 0:
+                m += 1
+        _, total = block_scan(buf, m)
+        if cuda.threadIdx.x == 0:
+            counts[blk] = total
+
+    @jit(device=True)
     def sift_down(a, lo, root, n):
         while True:
             child = 2 * root + 1
@@ -407,17 +422,10 @@ def build(threads):
 
     @kernel
     def count_full(slots, chunk, counts):
-        """``counts[b]`` = the full slots in block b's chunk (written, as count_nonneg's)."""
-        buf = cuda.shared.array(threads, np.int64)
-        blk = cuda.blockIdx.x
-        hi = min(slots.shape[0] // 2, (blk + 1) * chunk)
-        n = 0
-        for s in range(blk * chunk + cuda.threadIdx.x, hi, threads):
-            if full(slots[2 * s + 1]):
-                n += 1
-        _, total = block_scan(buf, n)
-        if cuda.threadIdx.x == 0:
-            counts[blk] = total
+        """``counts[b]`` = the full slots in block b's chunk (a full slot's row word is >= 0,
+        ``is_full``)."""
+        count_block(cuda.shared.array(threads, np.int64), slots, slots.shape[0] // 2, 2, 1,
+                    chunk, counts)
 
     @kernel
     def write_full(slots, chunk, offsets, keys, rows):
@@ -438,18 +446,8 @@ def build(threads):
 
     @kernel
     def count_nonneg(a, chunk, counts):
-        """``counts[b]`` = the entries >= 0 in block b's chunk (written, not added to:
-        no zeroing launch before)."""
-        buf = cuda.shared.array(threads, np.int64)
-        blk = cuda.blockIdx.x
-        hi = min(a.shape[0], (blk + 1) * chunk)
-        n = 0
-        for j in range(blk * chunk + cuda.threadIdx.x, hi, threads):
-            if a[j] >= 0:
-                n += 1
-        _, total = block_scan(buf, n)
-        if cuda.threadIdx.x == 0:
-            counts[blk] = total
+        """``counts[b]`` = the entries >= 0 in block b's chunk."""
+        count_block(cuda.shared.array(threads, np.int64), a, a.shape[0], 1, 0, chunk, counts)
 
     @kernel
     def write_nonneg(a, chunk, offsets, out):
